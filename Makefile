@@ -1,0 +1,38 @@
+# specgate: `make gates` (the main job) and `make test`. Both create .venv with pinned deps.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-12)
+# One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: venv test gates gate fixtures bench-cpu clean
+
+venv: $(STAMP)
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . || $(PY) -m pip install -q --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: venv
+	$(PY) -m pytest tests
+
+gates: venv
+	$(PY) -m pytest tests/test_end_to_end.py
+
+gate: venv
+	@test -n "$(NAME)" || { echo "usage: make gate NAME=<gate-name>"; exit 2; }
+	$(PY) -m pytest tests/test_end_to_end.py -k "$(NAME)"
+
+fixtures: venv
+	$(PY) -m fixtures.train_target --out fixtures/target
+	$(PY) -m fixtures.manifest --write
+
+bench-cpu: venv
+	$(VENV)/bin/specgate bench --concurrency 1,8
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis

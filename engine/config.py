@@ -1,0 +1,145 @@
+"""Configuration: the model's (read from a Hugging Face config.json) and the engine's."""
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelLoadError, SpecgateError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SPEC_METHODS = (None, "ngram", "block")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The subset of a Hugging Face LlamaConfig this engine implements."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ModelLoadError(f"config.json: {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelLoadError(
+                f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                f"of num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ModelLoadError(
+                f"config.json: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
+                f"({self.num_attention_heads}) when head_dim is not given")
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dir(cls, model_dir: str | os.PathLike) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not Path(model_dir).is_dir():
+            raise ModelLoadError(f"model folder {model_dir} does not exist or is not a folder")
+        if not path.is_file():
+            raise ModelLoadError(f"model folder {model_dir} has no config.json")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object")
+        arch = raw.get("architectures") or ["LlamaForCausalLM"]
+        if raw.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in arch:
+            raise ModelLoadError(
+                f"{path}: only the Llama architecture is supported, got model_type="
+                f"{raw.get('model_type')!r} architectures={arch!r}")
+        for unsupported in ("rope_scaling", "attention_bias", "mlp_bias"):
+            if raw.get(unsupported):
+                raise ModelLoadError(f"{path}: {unsupported}={raw[unsupported]!r} is not supported")
+        known = {f for f in cls.__dataclass_fields__}
+        missing = [f for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "max_position_embeddings") if f not in raw]
+        if missing:
+            raise ModelLoadError(f"{path} is missing required fields: {', '.join(missing)}")
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        kwargs.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if isinstance(kwargs.get("eos_token_id"), list):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs besides the weights. Validated once, here."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 512
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: enough for max_num_seqs full-length requests
+    spec: str | None = None
+    num_spec_tokens: int = 4
+    drafter: str | None = None
+    async_runner: bool | None = None  # None: decided by the veto (engine/veto.py)
+    graph: bool = False
+    trace: bool = False
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise SpecgateError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.spec not in SPEC_METHODS:
+            raise SpecgateError(f"spec must be one of {SPEC_METHODS}, got {self.spec!r}")
+        checks = {
+            "max_num_seqs": (1, 256), "max_model_len": (2, 1 << 16), "block_size": (1, 1024),
+            "max_num_batched_tokens": (1, 1 << 20), "num_spec_tokens": (1, 16),
+        }
+        for name, (lo, hi) in checks.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise SpecgateError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise SpecgateError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_model_len ({self.max_model_len}) so every prompt can be prefilled in one step")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < self.blocks_per_seq:
+            raise SpecgateError(
+                f"num_kv_blocks ({self.num_kv_blocks}) must hold at least one full-length request "
+                f"({self.blocks_per_seq} blocks of {self.block_size} tokens)")
+        if not self.device.startswith(("cpu", "cuda")):
+            raise SpecgateError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    @property
+    def k(self) -> int:
+        """Draft tokens per verify step; 0 for plain decoding."""
+        return self.num_spec_tokens if self.spec else 0
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def total_kv_blocks(self) -> int:
+        return self.num_kv_blocks or self.max_num_seqs * self.blocks_per_seq
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

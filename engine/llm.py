@@ -1,0 +1,241 @@
+"""The public engine: LLM(model=DIR).generate(prompts, SamplingParams(...)).
+
+A step is: schedule -> plan -> execute on the device -> read results -> update requests.
+The sync runner reads step t's results before scheduling step t+1. The async runner launches
+step t+1 first and reads step t's results afterwards, so the host never waits on the device;
+it learns every result, including that a request finished, one step late.
+"""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import RequestError, SpecgateError
+from engine.loader import load_model
+from engine.outputs import RequestOutput
+from engine.proposers import NgramProposer
+from engine.request import Request, Status
+from engine.runner import ModelRunner, StepOutput, StepPlan
+from engine.sampling import SamplingParams, request_key
+from engine.scheduler import Scheduler
+from engine.tokenizer import ByteTokenizer
+from engine.trace import StepTrace, trace_step
+from engine.veto import use_async_runner
+
+
+def default_model_dir() -> Path:
+    from fixtures import TARGET_DIR
+    return TARGET_DIR
+
+
+@dataclass
+class InFlight:
+    plan: StepPlan
+    output: StepOutput
+    host: torch.Tensor | None = None
+    event: "torch.cuda.Event | None" = None
+
+
+class LLM:
+    def __init__(self, model: str | os.PathLike | None = None, **engine_kwargs):
+        model_dir = Path(model) if model is not None else default_model_dir()
+        self.config = EngineConfig(model=str(model_dir), **engine_kwargs)
+        self.model_dir = model_dir
+        self.model_config = ModelConfig.from_dir(model_dir)
+        self.tokenizer = ByteTokenizer()
+        if self.model_config.vocab_size < self.tokenizer.vocab_size:
+            raise SpecgateError(f"{model_dir}: vocab_size {self.model_config.vocab_size} is smaller than the "
+                                f"byte tokenizer's {self.tokenizer.vocab_size}")
+        if self.config.max_model_len > self.model_config.max_position_embeddings:
+            raise SpecgateError(f"max_model_len ({self.config.max_model_len}) exceeds the model's "
+                                f"max_position_embeddings ({self.model_config.max_position_embeddings})")
+        if self.config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SpecgateError("device='cuda' was asked for, but no CUDA device is available")
+        self.is_async = use_async_runner(self.config.spec, self.config.async_runner)
+        self.model = load_model(model_dir, self.config.device, self.config.torch_dtype)
+        self.runner = ModelRunner(self.config, self.model, self._make_proposer())
+        self.scheduler = Scheduler(self.config, num_inflight_steps=1 if self.is_async else 0)
+        self.trace: list[StepTrace] | None = [] if self.config.trace else None
+        self.num_host_syncs = 0
+        self._rng = torch.Generator().manual_seed(self.config.seed)
+        self._next_id = 0
+        self._in_flight: InFlight | None = None
+        self._finished: list[Request] = []
+
+    def _make_proposer(self):
+        if self.config.spec == "ngram":
+            return NgramProposer(self.config.k)
+        if self.config.spec == "block":
+            from engine.block_drafter import BlockProposer
+            return BlockProposer.from_dir(self.config.drafter, self.model, self.config)
+        return NgramProposer(0)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_step: int = 0) -> Request:
+        """Validate and queue one request. A bad request raises RequestError and changes nothing."""
+        params = params if params is not None else SamplingParams()
+        token_ids = self._validate(prompt, params, arrival_step)
+        req = Request(self._next_id, token_ids, params, request_key(params.seed, self._rng),
+                      arrival_step=self.scheduler.step + arrival_step)
+        self._next_id += 1
+        self.scheduler.add(req)
+        return req
+
+    def _validate(self, prompt, params, arrival_step) -> list[int]:
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+        else:
+            raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not token_ids:
+            raise RequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids + list(params.stop_token_ids)
+               if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if len(token_ids) >= self.config.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens; the context holds "
+                               f"{self.config.max_model_len} (max_model_len): the prompt plus at least "
+                               f"one generated token")
+        if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
+            raise RequestError(f"arrival_step must be an integer >= 0, got {arrival_step!r}")
+        return token_ids
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self._in_flight is not None
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Run one engine step; returns the requests that finished during it."""
+        self._finished = []
+        if self.is_async and self._in_flight and any(r.needs_host_history for r in self.scheduler.running):
+            self._complete(self._in_flight)  # such a request's sampling needs its full history
+            self._in_flight = None
+        batch = self.scheduler.schedule()
+        launched = None
+        if batch.requests:
+            plan = self.runner.plan_step(batch, self.scheduler.spec_width, self.is_async)
+            for req, prefill in zip(batch.requests, batch.is_prefill):
+                if prefill:
+                    req.needs_prefill = req.is_resumed = False
+            launched = InFlight(plan, self.runner.execute(plan))
+            self._start_download(launched)
+        previous, self._in_flight = self._in_flight, launched
+        if previous is not None:
+            self._complete(previous)
+        if not self.is_async and self._in_flight is not None:
+            self._complete(self._in_flight)
+            self._in_flight = None
+        return self._finished
+
+    def _start_download(self, flight: InFlight) -> None:
+        """Committed ids go to the host on every step, whatever else the step did."""
+        out = flight.output
+        packed = torch.cat([out.sampled, out.num_accepted[:, None], out.num_draft[:, None]], dim=1)
+        if packed.is_cuda:
+            flight.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            flight.event = torch.cuda.Event()
+            stream = self.runner.copy_stream
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                flight.host.copy_(packed, non_blocking=True)
+                flight.event.record(stream)
+            packed.record_stream(stream)
+        else:
+            flight.host = packed  # a CPU tensor is already where the host reads it
+
+    def _complete(self, flight: InFlight) -> None:
+        """Read a step's results (the one place the host waits on the device) and apply them."""
+        if flight.event is not None:
+            flight.event.synchronize()
+        self.num_host_syncs += 1
+        results = flight.host.tolist()
+        if self.trace is not None:
+            self.trace.append(trace_step(flight.plan, flight.output, results, self.is_async,
+                                         self.config.graph))
+        width = self.config.k + 1
+        plan = flight.plan
+        for req, row, prefill, spec_width in zip(plan.requests, results, plan.is_prefill, plan.spec_width):
+            sampled, num_accepted, num_draft = row[:width], row[width], row[width + 1]
+            if req.is_finished:
+                continue  # the device ran past this request's end; nothing more is emitted
+            if not prefill and spec_width > 0:
+                self._count_verify(req, num_draft, num_accepted)
+            for token in sampled[:num_accepted + 1]:
+                req.output_token_ids.append(token)
+                if req.first_token_step is None:
+                    req.first_token_step = flight.plan.step
+                reason = self._finish_reason(req, token)
+                if reason:
+                    self.scheduler.finish(req, reason)
+                    req.finish_step = flight.plan.step
+                    self._finished.append(req)
+                    break
+
+    @staticmethod
+    def _count_verify(req: Request, num_draft: int, num_accepted: int) -> None:
+        s = req.stats
+        s.verify_steps += 1
+        if num_draft:
+            s.num_drafts += 1
+            s.num_draft_tokens += num_draft
+            s.num_accepted_tokens += num_accepted
+            while len(s.accepted_per_position) < num_draft:
+                s.accepted_per_position.append(0)
+            for j in range(num_accepted):
+                s.accepted_per_position[j] += 1
+
+    def _finish_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        if token in p.stop_token_ids or (token == self.model_config.eos_token_id and not p.ignore_eos):
+            return "stop"
+        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    # ---- whole runs ---------------------------------------------------------------------------
+    def generate(self, prompts: str | list, params: SamplingParams | list[SamplingParams] | None = None,
+                 arrival_steps: list[int] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion. Every request is validated before any runs, so a bad one
+        raises RequestError (naming its index) and nothing is lost."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        n = len(prompts)
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * n
+        arrivals = arrival_steps or [0] * n
+        if len(params_list) != n or len(arrivals) != n:
+            raise RequestError(f"got {n} prompts, {len(params_list)} params and {len(arrivals)} arrival steps")
+        for i, (prompt, p, a) in enumerate(zip(prompts, params_list, arrivals)):
+            try:
+                self._validate(prompt, p if p is not None else SamplingParams(), a)
+            except RequestError as e:
+                raise RequestError(f"request {i}: {e}") from None
+        reqs = [self.add_request(pr, p, a) for pr, p, a in zip(prompts, params_list, arrivals)]
+        bar = _progress(n) if use_tqdm else None
+        while self.has_unfinished():
+            done = self.step()
+            if bar is not None:
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        return [self.output(r) for r in reqs]
+
+    def output(self, req: Request) -> RequestOutput:
+        prompt = req.prompt_token_ids
+        return RequestOutput(req.request_id, self.tokenizer.decode(prompt), prompt,
+                             list(req.output_token_ids), self.tokenizer.decode(req.output_token_ids),
+                             req.finish_reason or "", req.stats)
+
+
+def _progress(total: int):
+    import sys
+
+    from tqdm import tqdm
+    return tqdm(total=total, unit="req", disable=not sys.stderr.isatty())

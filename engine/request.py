@@ -1,0 +1,65 @@
+"""One request's host-side state. Plain Python: no torch, so scheduling is testable alone."""
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestStats:
+    """Per-request acceptance counters, in the units vLLM and SGLang use (see engine/metrics.py)."""
+    num_drafts: int = 0            # verify steps that carried at least one draft token
+    num_draft_tokens: int = 0      # real (unpadded) draft tokens verified
+    num_accepted_tokens: int = 0
+    verify_steps: int = 0          # every forward that produced tokens for this request after prefill
+    num_preemptions: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    rng_key: int
+    arrival_step: int = 0
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    slot: int | None = None           # row of the device state buffers while running
+    needs_prefill: bool = True        # new, or resumed after preemption: ids come from the host
+    is_resumed: bool = False
+    finish_reason: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    first_token_step: int | None = None
+    finish_step: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def needs_host_history(self) -> bool:
+        return bool(self.params.logits_processors)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

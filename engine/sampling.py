@@ -1,0 +1,109 @@
+"""Sampling parameters, and the batched samplers that turn logits into tokens on the device.
+
+Randomness is counter-based: every random number is a hash of (request key, token position,
+stream), so a request's tokens depend on its own seed only, never on which other requests share
+the batch, which runner ran it, or whether it was preempted and resumed. Each seeded request
+draws its 62-bit key from its own torch.Generator seeded with `seed`.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine.errors import RequestError
+
+# A logits processor sees the request's full output so far (host list) and one logits row.
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+
+STREAM_SAMPLE, STREAM_ACCEPT, STREAM_DRAFT = 0, 1, 2
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0          # 0 means greedy
+    top_k: int = -1                   # -1 or 0: off
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise RequestError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise RequestError(f"seed must be an integer or None, got {self.seed!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise RequestError(f"stop_token_ids must be integers, got {self.stop_token_ids!r}")
+        if not all(callable(p) for p in self.logits_processors):
+            raise RequestError("logits_processors must be callables (output_ids, logits_row) -> logits_row")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """An avalanche hash on int64 tensors holding 32-bit values; the multipliers are < 2**31,
+    so no product overflows int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def keyed_uniform(keys: torch.Tensor, positions: torch.Tensor, stream: int, width: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), shape [*keys.shape, width], a pure function of the inputs."""
+    h = _mix32(keys & _MASK32) ^ _mix32((keys >> 32) & _MASK32)
+    h = _mix32(h ^ _mix32(positions & _MASK32))
+    h = _mix32(h ^ (stream * 0x9E3779B + 0x632BE5A))
+    lanes = _mix32(torch.arange(width, device=keys.device, dtype=torch.int64) + 0x5BD1E995)
+    u = _mix32(h[..., None] ^ lanes)
+    return ((u >> 8).float() + 0.5) / float(1 << 24)
+
+
+def sample_from_probs(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
+                      stream: int = STREAM_SAMPLE) -> torch.Tensor:
+    """Exponential race (equivalent to Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1)."""
+    exp_noise = -torch.log(keyed_uniform(keys, positions, stream, probs.shape[-1]))
+    return torch.argmax(probs / exp_noise, dim=-1)
+
+
+def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor) -> torch.Tensor:
+    """Softmax of logits / temperature restricted to top-k and top-p, per row.
+
+    logits [..., V]; temperature, top_k, top_p broadcast to logits.shape[:-1]. Greedy rows
+    (temperature 0) get a one-hot distribution on the argmax, so p and q are always computed
+    by this one function and processed identically.
+    """
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, 1.0, temperature)[..., None]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    k = torch.where(top_k > 0, top_k, logits.shape[-1])
+    in_top_k = rank < k[..., None]
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(~in_top_k, -math.inf), dim=-1)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    keep = in_top_k & ((mass_before < top_p[..., None]) | (rank == 0))
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(~keep, -math.inf), dim=-1)
+    probs = torch.empty_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
+    return torch.where(greedy[..., None], one_hot, probs)
+
+
+def request_key(seed: int | None, fallback: torch.Generator) -> int:
+    """The request's stream key: from its own generator when seeded, else from the engine's."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else fallback
+    return int(torch.randint(0, 1 << 62, (1,), generator=gen).item())

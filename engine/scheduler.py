@@ -1,0 +1,113 @@
+"""Continuous batching: admit arrived requests, reserve KV blocks, preempt when the cache is full.
+
+Plain Python over Request objects. Each step schedules the running requests first (oldest
+first, one decode or verify query each), preempting the newest running request while the
+cache cannot hold the next step, then admits waiting requests in arrival order while the
+token budget, max_num_seqs and the cache allow. A preempted request goes back to the front of
+the queue and is later resumed by recomputing its prompt plus output.
+"""
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.request import Request, Status
+
+
+@dataclass
+class ScheduledBatch:
+    step: int
+    requests: list[Request] = field(default_factory=list)
+    is_prefill: list[bool] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, num_inflight_steps: int):
+        self.cfg = cfg
+        self.block_manager = BlockManager(cfg.total_kv_blocks, cfg.block_size)
+        # KV reserved beyond the host-known length: this step's k drafts, plus one whole
+        # verify step (k + 1 tokens) for each step still in flight whose results we lack.
+        self.lookahead = cfg.k + num_inflight_steps * (cfg.k + 1)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
+        self.step = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def query_len(self, req: Request) -> int:
+        return req.num_tokens if req.needs_prefill else 1 + self.spec_width(req)
+
+    def spec_width(self, req: Request) -> int:
+        """Drafts per verify step for this request: k, or 0 when its sampling needs the host."""
+        return 0 if req.needs_host_history else self.cfg.k
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch(step=self.step)
+        self.step += 1
+        budget = self.cfg.max_num_batched_tokens
+        queue = list(self.running)
+        kept: list[Request] = []
+        while queue:
+            req = queue.pop(0)
+            need = req.num_tokens + self.lookahead
+            while not self.block_manager.can_reserve(req, need):
+                victim = queue.pop() if queue else req
+                self.preempt(victim)
+                batch.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                self.block_manager.reserve(req, need)
+                kept.append(req)
+                budget -= self.query_len(req)
+                batch.requests.append(req)
+                batch.is_prefill.append(False)
+        self.running = kept
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            need = req.num_tokens + self.lookahead
+            if (req.arrival_step > batch.step or req in batch.preempted
+                    or self.query_len(req) > budget
+                    or not self.block_manager.can_reserve(req, need)):
+                break
+            self.waiting.popleft()
+            self.block_manager.reserve(req, need)
+            req.slot = self.free_slots.pop()
+            req.status = Status.RUNNING
+            req.needs_prefill = True
+            budget -= self.query_len(req)
+            self.running.append(req)
+            batch.requests.append(req)
+            batch.is_prefill.append(True)
+        return batch
+
+    def preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        self.free_slots.append(req.slot)
+        req.slot = None
+        req.status = Status.WAITING
+        req.needs_prefill = True
+        req.is_resumed = True
+        req.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Release the request's blocks and slot. Work already queued on the device for them
+        runs before any later step that reuses them (one stream), so release is immediate."""
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.block_ids:
+            self.block_manager.free(req)
+        if req.slot is not None:
+            self.free_slots.append(req.slot)
+            req.slot = None

@@ -1,0 +1,33 @@
+"""Shared test fixtures and Hypothesis profiles for tests/ and gates/."""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# One torch thread: deterministic on 2 cores, and safe when mutmut forks a child per mutant.
+torch.set_num_threads(1)
+
+settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("deep", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def target_dir():
+    from fixtures import TARGET_DIR
+    return TARGET_DIR
+
+
+@pytest.fixture(scope="session")
+def make_llm(target_dir):
+    """Build an LLM on the fixture target; keyword arguments go to LLM()."""
+    from engine import LLM
+
+    def make(**kwargs):
+        kwargs.setdefault("max_model_len", 256)
+        kwargs.setdefault("max_num_batched_tokens", 1024)
+        return LLM(target_dir, **kwargs)
+    return make

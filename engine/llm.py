@@ -166,16 +166,20 @@ class LLM:
             sampled, num_accepted, num_draft = row[:width], row[width], row[width + 1]
             if req.is_finished:
                 continue  # the device ran past this request's end; nothing more is emitted
-            if not prefill and spec_width > 0:
+            if prefill:
+                req.stats.num_prefills += 1
+            elif spec_width > 0:
                 self._count_verify(req, num_draft, num_accepted)
-            for token in sampled[:num_accepted + 1]:
+            produced = sampled[:num_accepted + 1]
+            for i, token in enumerate(produced):
                 req.output_token_ids.append(token)
                 if req.first_token_step is None:
-                    req.first_token_step = flight.plan.step
+                    req.first_token_step = plan.step
                 reason = self._finish_reason(req, token)
                 if reason:
+                    req.stats.num_truncated += len(produced) - i - 1
+                    req.finish_step = plan.step
                     self.scheduler.finish(req, reason)
-                    req.finish_step = flight.plan.step
                     self._finished.append(req)
                     break
 

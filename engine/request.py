@@ -19,6 +19,8 @@ class RequestStats:
     num_accepted_tokens: int = 0
     verify_steps: int = 0          # every forward that produced tokens for this request after prefill
     num_preemptions: int = 0
+    num_prefills: int = 0          # forwards over the prompt (again after each preemption)
+    num_truncated: int = 0         # produced tokens not emitted: past a stop token or max_tokens
     accepted_per_position: list[int] = field(default_factory=list)
 
     @property

@@ -1,0 +1,107 @@
+"""The `specgate` command line."""
+import argparse
+import json
+import logging
+import sys
+import time
+
+from engine.errors import SpecgateError
+
+
+def _engine_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="Hugging Face-format model folder (default: fixture target)")
+    ap.add_argument("--spec", choices=["ngram", "block"], default=None, help="speculative decoding drafter")
+    ap.add_argument("--num-spec-tokens", type=int, default=4, help="draft tokens per verify step (k)")
+    ap.add_argument("--drafter", default=None, help="block drafter folder (default: fixture drafter)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+
+def _llm(args, **extra):
+    from engine import LLM
+    kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=args.drafter,
+                  device=args.device, dtype=args.dtype)
+    kwargs.update(extra)
+    return LLM(args.model, **kwargs)
+
+
+def cmd_generate(args) -> int:
+    from engine import SamplingParams
+    from engine.metrics import Acceptance
+    llm = _llm(args)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                            top_k=args.top_k, top_p=args.top_p)
+    t0 = time.perf_counter()
+    out = llm.generate(args.prompt, params)[0]
+    seconds = time.perf_counter() - t0
+    print(args.prompt + out.text)
+    n = len(out.token_ids)
+    line = (f"[prompt {len(out.prompt_token_ids)} tokens, completion {n} tokens, {seconds:.2f} s, "
+            f"{n / seconds:.1f} tokens/s, finish {out.finish_reason}")
+    if args.spec:
+        acc = Acceptance()
+        acc.add(out.stats, n)
+        line += f", τ {acc.mean_acceptance_length:.2f}, accept rate {acc.acceptance_rate:.1%}"
+    print(line + "]", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from engine import bench
+    from engine.runtime import model_checksums
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    workload = bench.heldout_workload(args.num_prompts, max_tokens=args.max_tokens,
+                                      temperature=args.temperature)
+    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
+                           args.warmup_legs, progress=sys.stderr.isatty())
+    meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
+            "device": args.device, "models": model_checksums(args.model, args.drafter, with_drafter=args.spec == "block")}
+    result = bench.report(legs, workload, meta)
+    for c, s in result["summary"].items():
+        acc = s["acceptance"]
+        extra = (f"  τ {acc['mean_acceptance_length']:.2f}  accept rate {acc['acceptance_rate']:.1%}"
+                 f"  accept length {acc['accept_length']:.2f}") if args.spec else ""
+        print(f"concurrency {c}: {s['tokens_per_s_mean']} tokens/s (warm legs {s['legs']}, "
+              f"min {s['tokens_per_s_min']}, max {s['tokens_per_s_max']}){extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        bench.plot(legs, args.plot, f"spec={args.spec} k={meta['k']} on {args.device}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="complete one prompt")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    _engine_args(g)
+    g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("bench", help="tokens/s and acceptance per leg on held-out prompts")
+    b.add_argument("--concurrency", default="1,8")
+    b.add_argument("--legs", type=int, default=3)
+    b.add_argument("--warmup-legs", type=int, default=1)
+    b.add_argument("--num-prompts", type=int, default=8)
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--json", default=None)
+    b.add_argument("--plot", default=None, help="write a PNG of τ and tokens/s per leg")
+    _engine_args(b)
+    b.set_defaults(func=cmd_bench)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="specgate: %(message)s")
+    try:
+        return args.func(args)
+    except SpecgateError as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -133,8 +133,14 @@ class EngineConfig:
         return self.num_spec_tokens if self.spec else 0
 
     @property
+    def max_positions(self) -> int:
+        """Positions a request may write: its context, plus the drafts of one verify step and
+        one more step in flight, which the async runner launches before it learns the end."""
+        return self.max_model_len + 2 * self.k + 1
+
+    @property
     def blocks_per_seq(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+        return -(-self.max_positions // self.block_size)
 
     @property
     def total_kv_blocks(self) -> int:

@@ -44,6 +44,12 @@ class ModelConfig:
             raise ModelLoadError(
                 f"config.json: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
                 f"({self.num_attention_heads}) when head_dim is not given")
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value < self.vocab_size):
+                raise ModelLoadError(f"config.json: {name} must be a token id in [0, {self.vocab_size}) "
+                                     f"(vocab_size), got {value!r}")
 
     @property
     def dim_per_head(self) -> int:
@@ -120,11 +126,16 @@ class EngineConfig:
             raise SpecgateError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_model_len ({self.max_model_len}) so every prompt can be prefilled in one step")
+        if self.num_kv_blocks is not None and (isinstance(self.num_kv_blocks, bool)
+                                               or not isinstance(self.num_kv_blocks, int)):
+            raise SpecgateError(f"num_kv_blocks must be None or an integer, got {self.num_kv_blocks!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < self.blocks_per_seq:
             raise SpecgateError(
                 f"num_kv_blocks ({self.num_kv_blocks}) must hold at least one full-length request "
                 f"({self.blocks_per_seq} blocks of {self.block_size} tokens)")
-        if not self.device.startswith(("cpu", "cuda")):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:
+            raise SpecgateError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.device, str) or not self.device.startswith(("cpu", "cuda")):
             raise SpecgateError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
 
     @property

@@ -121,7 +121,7 @@ class LLM:
         batch = self.scheduler.schedule()
         launched = None
         if batch.requests:
-            plan = self.runner.plan_step(batch, self.scheduler.spec_width, self.is_async)
+            plan = self.runner.plan_step(batch, self.scheduler.spec_width, self.is_async, self.config.graph)
             for req, prefill in zip(batch.requests, batch.is_prefill):
                 if prefill:
                     req.needs_prefill = req.is_resumed = False
@@ -158,8 +158,7 @@ class LLM:
         self.num_host_syncs += 1
         results = flight.host.tolist()
         if self.trace is not None:
-            self.trace.append(trace_step(flight.plan, flight.output, results, self.is_async,
-                                         self.config.graph))
+            self.trace.append(trace_step(flight.plan, flight.output, results, self.is_async))
         width = self.config.k + 1
         plan = flight.plan
         for req, row, prefill, spec_width in zip(plan.requests, results, plan.is_prefill, plan.spec_width):

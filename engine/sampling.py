@@ -2,8 +2,9 @@
 
 Randomness is counter-based: every random number is a hash of (request key, token position,
 stream), so a request's tokens depend on its own seed only, never on which other requests share
-the batch, which runner ran it, or whether it was preempted and resumed. Each seeded request
-draws its 62-bit key from its own torch.Generator seeded with `seed`.
+the batch, which runner ran it, or whether it was preempted and resumed. A seeded request's
+62-bit key is a hash (splitmix64) of its seed, so every bit of the seed counts; an unseeded
+request draws its key from the engine's generator.
 """
 import math
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 STREAM_SAMPLE, STREAM_ACCEPT, STREAM_DRAFT = 0, 1, 2
 _MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+MAX_SEED = 1 << 64
 
 
 @dataclass
@@ -37,10 +40,12 @@ class SamplingParams:
             raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise RequestError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
+                or not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise RequestError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < MAX_SEED):
+            raise RequestError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise RequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
@@ -104,6 +109,18 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
 
 
 def request_key(seed: int | None, fallback: torch.Generator) -> int:
-    """The request's stream key: from its own generator when seeded, else from the engine's."""
-    gen = torch.Generator().manual_seed(seed) if seed is not None else fallback
-    return int(torch.randint(0, 1 << 62, (1,), generator=gen).item())
+    """The request's stream key: a hash of its seed when seeded, else from the engine's generator.
+
+    Not torch.Generator().manual_seed(seed): that keeps only the seed's low 32 bits, so seeds
+    1 and 2**32 + 1 gave the same stream."""
+    if seed is not None:
+        return _splitmix64(seed) >> 2
+    return int(torch.randint(0, 1 << 62, (1,), generator=fallback).item())
+
+
+def _splitmix64(x: int) -> int:
+    """A bijection on 64-bit integers with full avalanche (Steele et al.'s SplitMix64 finaliser)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)

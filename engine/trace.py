@@ -33,6 +33,7 @@ class RequestTrace:
 class StepTrace:
     step: int
     route: str                    # "sync/eager", "async/graph", ...
+    num_padding_rows: int = 0
     requests: list[RequestTrace] = field(default_factory=list)
 
     @property
@@ -40,11 +41,10 @@ class StepTrace:
         return len(self.requests)
 
 
-def trace_step(plan: StepPlan, out: StepOutput, results: list[list[int]], is_async: bool,
-               graph: bool) -> StepTrace:
+def trace_step(plan: StepPlan, out: StepOutput, results: list[list[int]], is_async: bool) -> StepTrace:
     host = {name: t.tolist() for name, t in out.inputs.items()}
     width = len(results[0]) - 2 if results else 0
-    record = StepTrace(plan.step, f"{'async' if is_async else 'sync'}/{'graph' if graph else 'eager'}")
+    record = StepTrace(plan.step, f"{'async' if is_async else 'sync'}/{plan.arm}", plan.num_rows - len(plan.requests))
     qsl, cu = host["query_start_loc"], host["cu_num_logits"]
     for r, req in enumerate(plan.requests):
         num_accepted, num_draft = results[r][width], results[r][width + 1]

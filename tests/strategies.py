@@ -1,0 +1,40 @@
+"""Hypothesis strategies for batch compositions: several requests, mixed prompt lengths,
+arrival steps and max_tokens. `None` for an argument means "let Hypothesis choose"."""
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+# Prompts of mixed lengths: code from the standard library's style, some repetitive (ngram hits).
+PROMPT_POOL = [
+    "def main(",
+    "import os\nimport sys\n",
+    "class Foo:\n    def __init__(self):\n        self.x = 1\n        self.y = 2\n",
+    "for i in range(10):\n    print(i)\nfor j in range(10):\n    ",
+    "x = 1\n" * 12,
+    "if __name__ == '__main__':\n    main()\n",
+    '    """Return the value of the key.\n\n    The key is looked up in the table.\n    """\n',
+    "def parse(self, data):\n    result = []\n    for line in data.splitlines():\n        "
+    "if not line:\n            continue\n        result.append(line.strip())\n    return ",
+]
+MAX_TOKENS = 40
+
+
+@dataclass
+class BatchSpec:
+    prompts: list[str]
+    max_tokens: list[int]
+    arrival_steps: list[int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.prompts)
+
+
+@st.composite
+def batches(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = False) -> BatchSpec:
+    n = draw(st.integers(min_reqs, max_reqs))
+    pool = [p for p in PROMPT_POOL if len(p) > 60] if long_prompts else PROMPT_POOL
+    prompts = [draw(st.sampled_from(pool)) for _ in range(n)]
+    max_tokens = [draw(st.integers(1, MAX_TOKENS)) for _ in range(n)]
+    arrivals = [draw(st.integers(0, 6)) for _ in range(n)]
+    return BatchSpec(prompts, max_tokens, arrivals)

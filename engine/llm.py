@@ -58,7 +58,10 @@ class LLM:
         self.runner = ModelRunner(self.config, self.model, self._make_proposer())
         self.scheduler = Scheduler(self.config, num_inflight_steps=1 if self.is_async else 0)
         self.trace: list[StepTrace] | None = [] if self.config.trace else None
-        self.num_host_syncs = 0
+        # Where the host read device results: 'blocking' when the step read was the newest one
+        # launched (the device has nothing queued behind it), 'deferred' when a later step was
+        # already queued, so the device stayed busy while the host read.
+        self.host_reads = {"blocking": 0, "deferred": 0}
         self._rng = torch.Generator().manual_seed(self.config.seed)
         self._next_id = 0
         self._in_flight: InFlight | None = None
@@ -116,7 +119,7 @@ class LLM:
         """Run one engine step; returns the requests that finished during it."""
         self._finished = []
         if self.is_async and self._in_flight and any(r.needs_host_history for r in self.scheduler.running):
-            self._complete(self._in_flight)  # such a request's sampling needs its full history
+            self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
         batch = self.scheduler.schedule()
         launched = None
@@ -129,9 +132,9 @@ class LLM:
             self._start_download(launched)
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
-            self._complete(previous)
+            self._complete(previous, blocking=launched is None)
         if not self.is_async and self._in_flight is not None:
-            self._complete(self._in_flight)
+            self._complete(self._in_flight, blocking=True)
             self._in_flight = None
         return self._finished
 
@@ -151,11 +154,11 @@ class LLM:
         else:
             flight.host = packed  # a CPU tensor is already where the host reads it
 
-    def _complete(self, flight: InFlight) -> None:
+    def _complete(self, flight: InFlight, blocking: bool) -> None:
         """Read a step's results (the one place the host waits on the device) and apply them."""
         if flight.event is not None:
             flight.event.synchronize()
-        self.num_host_syncs += 1
+        self.host_reads["blocking" if blocking else "deferred"] += 1
         results = flight.host.tolist()
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.output, results, self.is_async))

@@ -106,3 +106,17 @@ def test_veto(make_llm, monkeypatch, caplog):
     monkeypatch.setenv("VT_ASYNC_RUNNER", "0")
     assert not make_llm(spec="ngram", async_runner=True).is_async
     assert not make_llm().is_async
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_async_host_never_waits_on_the_step_it_just_launched(make_llm, spec):
+    """Counted where the host reads device results: the sync runner blocks once per step; the
+    async runner reads step t's results only after step t+1 is queued, except the final drain."""
+    from strategies import PROMPT_POOL
+    params = SamplingParams(temperature=0, max_tokens=24)
+    sync = make_llm(spec=spec, async_runner=False, trace=True)
+    sync.generate(PROMPT_POOL[:4], params)
+    assert sync.host_reads == {"blocking": len(sync.trace), "deferred": 0}
+    async_ = make_llm(spec=spec, async_runner=True, trace=True)
+    async_.generate(PROMPT_POOL[:4], params)
+    assert async_.host_reads == {"blocking": 1, "deferred": len(async_.trace) - 1}

@@ -132,8 +132,8 @@ class ModelRunner:
         return not any(plan.is_prefill) and all(w == self.k for w in plan.spec_width) \
             and not any(r.params.logits_processors for r in plan.requests)
 
-    def _pad_to_bucket(self, plan: StepPlan) -> None:
-        bucket = next(b for b in self.buckets if b >= plan.num_rows)
+    def _pad_to_bucket(self, plan: StepPlan, bucket: int | None = None) -> None:
+        bucket = bucket or next(b for b in self.buckets if b >= plan.num_rows)
         width = self.k + 1
         for _ in range(bucket - plan.num_rows):
             plan.slots.append(self.padding_slot)
@@ -258,9 +258,11 @@ class ModelRunner:
                     cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
 
     def _replay(self, bucket: int, inputs: dict, sizes) -> dict[str, torch.Tensor]:
-        """CUDA: capture one graph per bucket on first use, then copy inputs in and replay."""
+        """CUDA: capture one graph per bucket on first use, then copy inputs in and replay.
+        Warm-up and capture run on an all-padding batch: a real batch would be executed twice,
+        and a device-fed row would advance its state twice."""
         if bucket not in self.graphs:
-            static_in = {name: t.clone() for name, t in inputs.items()}
+            static_in = self._upload(self._padding_plan(bucket))
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -275,6 +277,11 @@ class ModelRunner:
             static_in[name].copy_(t)
         graph.replay()
         return {name: t.clone() for name, t in static_out.items()}
+
+    def _padding_plan(self, bucket: int) -> StepPlan:
+        plan = StepPlan(-1, "eager", [], [], [], [], [], [], [], [], [], [], [], [], 0)
+        self._pad_to_bucket(plan, bucket)
+        return plan
 
 
 TRACED_INPUTS = ("input_ids", "positions", "seq_lens", "query_start_loc", "cu_num_logits",

@@ -120,3 +120,15 @@ def test_async_host_never_waits_on_the_step_it_just_launched(make_llm, spec):
     async_ = make_llm(spec=spec, async_runner=True, trace=True)
     async_.generate(PROMPT_POOL[:4], params)
     assert async_.host_reads == {"blocking": 1, "deferred": len(async_.trace) - 1}
+
+
+@pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
+def test_graph_arm_padding_never_reaches_outputs_or_metrics(make_llm, async_runner):
+    from strategies import PROMPT_POOL
+    params = SamplingParams(temperature=0, max_tokens=30)
+    eager = make_llm(spec="ngram", num_spec_tokens=3, async_runner=async_runner).generate(PROMPT_POOL[:3], params)
+    llm = make_llm(spec="ngram", num_spec_tokens=3, async_runner=async_runner, graph=True, trace=True)
+    graph = llm.generate(PROMPT_POOL[:3], params)
+    assert any(step.num_padding_rows > 0 for step in llm.trace), "3 requests never padded to bucket 4"
+    assert [o.token_ids for o in graph] == [o.token_ids for o in eager]
+    assert [o.stats for o in graph] == [o.stats for o in eager]

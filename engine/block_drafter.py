@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
 from engine.loader import WEIGHTS_FILE, load_weights, read_state_dict
@@ -110,8 +111,9 @@ class DrafterConfig:
         if bad:
             raise ModelLoadError(f"{source}: aux_layers {bad} are outside the target's layers "
                                  f"[0, {target.num_hidden_layers})")
-        if len(set(self.aux_layers)) != len(self.aux_layers) or list(self.aux_layers) != sorted(self.aux_layers):
-            raise ModelLoadError(f"{source}: aux_layers must be increasing and distinct, got {list(self.aux_layers)}")
+        layers = list(self.aux_layers)
+        if layers != sorted(set(layers)):
+            raise ModelLoadError(f"{source}: aux_layers must be increasing and distinct, got {layers}")
         if not 0 <= self.mask_token_id < target.vocab_size:
             raise ModelLoadError(f"{source}: mask_token_id {self.mask_token_id} is outside the "
                                  f"vocabulary [0, {target.vocab_size})")
@@ -132,17 +134,20 @@ class DFlashDraftModel(nn.Module):
         """[..., D] per aux layer -> one context feature [..., D] per token."""
         return self.hidden_norm(self.fc(torch.cat(aux, dim=-1)))
 
-    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, ctx: torch.Tensor,
+                   positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each draft layer's keys (rope at the context token's position) and values: [..., Hkv, Dh]."""
         kv = []
         for layer in self.layers:
             attn = layer.self_attn
-            k = attn.k_proj(ctx).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
-            kv.append((self.rotary(k, positions), attn.v_proj(ctx).unflatten(-1, (attn.num_kv_heads, attn.head_dim))))
+            heads = (attn.num_kv_heads, attn.head_dim)
+            k = self.rotary(attn.k_proj(ctx).unflatten(-1, heads), positions)
+            kv.append((k, attn.v_proj(ctx).unflatten(-1, heads)))
         return kv
 
     def forward(self, block_embeds: torch.Tensor, block_positions: torch.Tensor,
-                context_kv: list[tuple[torch.Tensor, torch.Tensor]], context_mask: torch.Tensor) -> torch.Tensor:
+                context_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                context_mask: torch.Tensor) -> torch.Tensor:
         """block_embeds [N, B, D] at block_positions [N, B]; context_kv per layer [N, L, Hkv, Dh];
         context_mask [N, L] True where a block may attend the context key. Every block token sees
         every other (non-causal). Returns the final-normed hidden states [N, B, D]."""
@@ -186,6 +191,8 @@ def load_drafter(drafter_dir: str | os.PathLike, target_config: ModelConfig) -> 
 class BlockProposer:
     """Drafts k tokens per request from one drafter forward; see the module docstring."""
 
+    has_q = True  # drafts are sampled from q, so verify needs q itself, not a one-hot
+
     def __init__(self, drafter: DFlashDraftModel, target: LlamaForCausalLM, cfg: EngineConfig):
         dc = drafter.config
         if cfg.k > dc.block_size:
@@ -202,7 +209,8 @@ class BlockProposer:
                           for _ in range(dc.num_hidden_layers)]
         # The block always holds k_max masks, exactly as trained; only the first k rows are used.
         self.offsets = torch.arange(dc.block_size + 1, device=cfg.device)
-        self.block_ids = torch.full((dc.block_size + 1,), dc.mask_token_id, dtype=torch.long, device=cfg.device)
+        self.block_ids = torch.full((dc.block_size + 1,), dc.mask_token_id, dtype=torch.long,
+                                    device=cfg.device)
 
     @classmethod
     def from_dir(cls, drafter_dir: str | os.PathLike | None, target_model: LlamaForCausalLM,
@@ -220,7 +228,7 @@ class BlockProposer:
         return cls(drafter, target_model, cfg)
 
     @torch.inference_mode()
-    def observe(self, aux: list[torch.Tensor], meta, positions: torch.Tensor,
+    def observe(self, aux: list[torch.Tensor], meta: AttentionMetadata, positions: torch.Tensor,
                 token_slot: torch.Tensor) -> None:
         """Write the context K/V of every token the target just ran at its KV slot."""
         ctx = self.drafter.context(aux)
@@ -232,13 +240,14 @@ class BlockProposer:
     def propose(self, inp: ProposeInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         num_reqs = inp.token_ids.shape[0]
         rows = torch.arange(num_reqs, device=inp.token_ids.device)
-        p = (inp.num_committed - 1).clamp_min(0)                     # position of x_p, the last committed token
+        p = (inp.num_committed - 1).clamp_min(0)  # position of x_p, the last committed token
         block_ids = self.block_ids.expand(num_reqs, -1).clone()
         block_ids[:, 0] = inp.token_ids[rows, p]
         block_positions = p[:, None] + self.offsets
 
         key_pos = torch.arange(inp.block_tables.shape[1] * self.block_size, device=p.device)
-        context_slots = inp.block_tables[:, key_pos // self.block_size] * self.block_size + key_pos % self.block_size
+        bs = self.block_size
+        context_slots = inp.block_tables[:, key_pos // bs] * bs + key_pos % bs
         context_kv = [(cache[0][context_slots], cache[1][context_slots]) for cache in self.kv_caches]
         context_mask = key_pos < p[:, None]
 

@@ -29,6 +29,7 @@ gate: venv
 
 fixtures: venv
 	$(PY) -m fixtures.train_target --out fixtures/target
+	$(PY) -m fixtures.train_drafter --out fixtures/drafter
 	$(PY) -m fixtures.manifest --write
 
 bench-cpu: venv

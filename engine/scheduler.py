@@ -65,9 +65,10 @@ class Scheduler:
             else:
                 self.block_manager.reserve(req, need)
                 kept.append(req)
-                budget -= self.query_len(req)
-                batch.requests.append(req)
-                batch.is_prefill.append(False)
+                if self.query_len(req) <= budget:  # else it stays running and waits a step
+                    budget -= self.query_len(req)
+                    batch.requests.append(req)
+                    batch.is_prefill.append(False)
         self.running = kept
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]

@@ -126,6 +126,10 @@ class EngineConfig:
             raise SpecgateError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_model_len ({self.max_model_len}) so every prompt can be prefilled in one step")
+        if self.max_num_batched_tokens < self.k + 1:
+            raise SpecgateError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least num_spec_tokens + 1 "
+                f"({self.k + 1}) so a verify step fits")
         if self.num_kv_blocks is not None and (isinstance(self.num_kv_blocks, bool)
                                                or not isinstance(self.num_kv_blocks, int)):
             raise SpecgateError(f"num_kv_blocks must be None or an integer, got {self.num_kv_blocks!r}")

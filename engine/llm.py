@@ -211,6 +211,9 @@ class LLM:
                  arrival_steps: list[int] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts to completion. Every request is validated before any runs, so a bad one
         raises RequestError (naming its index) and nothing is lost."""
+        if not isinstance(prompts, (str, list, tuple)):
+            raise RequestError(f"prompts must be a string, a list of token ids, or a list of those; "
+                               f"got {type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         n = len(prompts)

@@ -75,7 +75,9 @@ def keyed_uniform(keys: torch.Tensor, positions: torch.Tensor, stream: int, widt
     h = _mix32(h ^ (stream * 0x9E3779B + 0x632BE5A))
     lanes = _mix32(torch.arange(width, device=keys.device, dtype=torch.int64) + 0x5BD1E995)
     u = _mix32(h[..., None] ^ lanes)
-    return ((u >> 8).float() + 0.5) / float(1 << 24)
+    # 23 bits, so (n + 0.5) / 2**23 is exact in float32 and at most 1 - 2**-24. With 24 bits the
+    # top value rounded to 1.0, and -log(1.0) = 0 let a zero-probability token win the race.
+    return ((u >> 9).float() + 0.5) / float(1 << 23)
 
 
 def sample_from_probs(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,

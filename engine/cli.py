@@ -2,6 +2,7 @@
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -95,6 +96,11 @@ def main(argv=None) -> int:
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
     args = ap.parse_args(argv)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # The fixture models are tiny: one thread beats several that spin on small kernels
+        # (20x here when another process shares the two cores).
+        import torch
+        torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING, format="specgate: %(message)s")
     try:
         return args.func(args)

@@ -13,7 +13,6 @@ In the engine the context K/V live in a paged cache with the target's slot addre
 `observe` writes every token the target ran, whatever was accepted, and a rejected
 position is simply overwritten later and never read before that (only positions < p are).
 """
-import hashlib
 import json
 import os
 import warnings
@@ -28,6 +27,7 @@ from engine.attention import AttentionMetadata
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
 from engine.loader import WEIGHTS_FILE, load_weights, read_state_dict
+from engine.runtime import file_sha256
 from engine.model import DecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
 from engine.proposers import ProposeInput
 from engine.sampling import STREAM_DRAFT, processed_probs, sample_from_probs
@@ -169,14 +169,6 @@ class DFlashDraftModel(nn.Module):
         for layer in self.layers:
             x = layer(x, attend)
         return self.norm(x)
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_drafter(drafter_dir: str | os.PathLike, target_config: ModelConfig) -> DFlashDraftModel:

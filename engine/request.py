@@ -23,14 +23,6 @@ class RequestStats:
     num_truncated: int = 0         # produced tokens not emitted: past a stop token or max_tokens
     accepted_per_position: list[int] = field(default_factory=list)
 
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
 
 @dataclass
 class Request:

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test gates gate fixtures bench-cpu clean
+.PHONY: venv test gates gate gates-deep fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -21,11 +21,17 @@ test: venv
 	$(PY) -m pytest tests
 
 gates: venv
-	$(PY) -m pytest tests/test_end_to_end.py
+	@mkdir -p reports
+	$(VENV)/bin/specgate gates run --json reports/gates.json --junit reports/gates.xml
 
 gate: venv
-	@test -n "$(NAME)" || { echo "usage: make gate NAME=<gate-name>"; exit 2; }
-	$(PY) -m pytest tests/test_end_to_end.py -k "$(NAME)"
+	@test -n "$(NAME)" || { echo "usage: make gate NAME=<gate-name>   (names: specgate gates list)"; exit 2; }
+	@mkdir -p reports
+	$(VENV)/bin/specgate gates run $(NAME) --json reports/gate-$(NAME).json --junit reports/gate-$(NAME).xml
+
+gates-deep: venv
+	@mkdir -p reports
+	$(VENV)/bin/specgate gates run --deep --json reports/gates-deep.json --junit reports/gates-deep.xml
 
 fixtures: venv
 	$(PY) -m fixtures.train_target --out fixtures/target
@@ -36,4 +42,4 @@ bench-cpu: venv
 	$(VENV)/bin/specgate bench --concurrency 1,8
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .hypothesis
+	rm -rf $(VENV) build reports .pytest_cache .hypothesis

@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     b.add_argument("--plot", default=None, help="write a PNG of τ and tokens/s per leg")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
+    from gates.cli import add_gates_parser
+    add_gates_parser(sub)
     args = ap.parse_args(argv)
     if "OMP_NUM_THREADS" not in os.environ:
         # The fixture models are tiny: one thread beats several that spin on small kernels

@@ -4,19 +4,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-# Prompts of mixed lengths: code from the standard library's style, some repetitive (ngram hits).
-PROMPT_POOL = [
-    "def main(",
-    "import os\nimport sys\n",
-    "class Foo:\n    def __init__(self):\n        self.x = 1\n        self.y = 2\n",
-    "for i in range(10):\n    print(i)\nfor j in range(10):\n    ",
-    "x = 1\n" * 12,
-    "if __name__ == '__main__':\n    main()\n",
-    '    """Return the value of the key.\n\n    The key is looked up in the table.\n    """\n',
-    "def parse(self, data):\n    result = []\n    for line in data.splitlines():\n        "
-    "if not line:\n            continue\n        result.append(line.strip())\n    return ",
-]
-MAX_TOKENS = 40
+from gates.workloads import MAX_TOKENS
+from gates.workloads import PROMPTS as PROMPT_POOL
 
 
 @dataclass

@@ -1,0 +1,136 @@
+"""Gate acceptance: the bench reports acceptance per leg (engine/bench.py run_leg) and folds it
+(fold); both must equal what the trace says the device did, in both oracle engines' units:
+
+    vLLM:   drafts, draft tokens, accepted, per-position accepted; τ = 1 + accepted / drafts,
+            acceptance rate = accepted / draft tokens;
+    SGLang: verify steps; accept length = completion tokens / verify steps.
+
+The two agree exactly once prefills and truncation are counted: completion tokens = prefills +
+verify steps + accepted - truncated. One warm-leg predicate must pick the legs for both the
+throughput and the acceptance axis.
+"""
+import functools
+
+import pytest
+
+from engine import bench
+from gates.compare import Difference
+from gates.invariants import real_records, width
+
+CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
+          "tokens truncated at max_tokens", "warm and cold legs", "sampled legs")
+CONCURRENCIES, LEGS, WARMUP_LEGS = (1, 4), 3, 1
+
+
+def expected_acceptance(outputs, trace) -> dict:
+    """A leg's acceptance recomputed from its trace records, with the units' own formulas."""
+    real = real_records(trace, outputs)
+    verify = [r for recs in real.values() for _, r in recs if width(r) > 0]
+    prefills = sum(r.is_prefill for recs in real.values() for _, r in recs)
+    emitted = sum(len(r.sampled) for recs in real.values() for _, r in recs)
+    completion = sum(len(o.token_ids) for o in outputs)
+    drafts = sum(1 for r in verify if r.num_draft)
+    draft_tokens = sum(r.num_draft for r in verify)
+    accepted = sum(r.num_accepted for r in verify)
+    per_position = [sum(1 for r in verify if r.num_accepted > j) for j in range(max((r.num_draft for r in verify), default=0))]
+    return {"num_requests": len(outputs), "completion_tokens": completion, "verify_steps": len(verify),
+            "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "accepted_per_position": per_position,
+            "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else 1.0,
+            "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else 0.0,
+            "accept_length": round(completion / len(verify), 4) if verify else 0.0,
+            "_prefills": prefills, "_truncated": emitted - completion}
+
+
+def acceptance_difference(leg_index: int, reported: dict, expected: dict) -> Difference | None:
+    for name, want in expected.items():
+        if name.startswith("_"):
+            continue
+        got = reported.get(name)
+        if name == "accepted_per_position":
+            got = list(got or [])
+            while len(got) > len(want) and got[-1] == 0:
+                got.pop()
+        if got != want:
+            return Difference(f"leg acceptance {name}", leg_index, None, None, want, got)
+    identity = expected["_prefills"] + expected["verify_steps"] + expected["num_accepted_tokens"] - expected["_truncated"]
+    if identity != expected["completion_tokens"]:
+        return Difference("completion = prefills + verify steps + accepted - truncated", leg_index, None, None,
+                          expected["completion_tokens"], identity)
+    return None
+
+
+def fold_difference(legs: list, expected_by_leg: dict) -> Difference | None:
+    """fold() must take the same legs, the warm ones, for tokens/s and for acceptance."""
+    summary = bench.fold(legs)
+    for c in CONCURRENCIES:
+        mine = [leg for leg in legs if leg.concurrency == c]
+        warm = [leg for leg in mine if bench.is_warm(leg.index, WARMUP_LEGS)]
+        got = summary[str(c)]
+        if got["legs"] != [leg.index for leg in warm]:
+            return Difference("folded legs", None, None, c, [leg.index for leg in warm], got["legs"])
+        rates = [leg.tokens_per_s for leg in warm]
+        if got["tokens_per_s_mean"] != round(sum(rates) / len(rates), 2):
+            return Difference("folded tokens/s mean", None, None, c, round(sum(rates) / len(rates), 2),
+                              got["tokens_per_s_mean"])
+        sums = {name: sum(expected_by_leg[(c, leg.index)][name] for leg in warm)
+                for name in ("num_requests", "completion_tokens", "verify_steps", "num_drafts",
+                             "num_draft_tokens", "num_accepted_tokens")}
+        for name, want in sums.items():
+            if got["acceptance"][name] != want:
+                return Difference(f"folded acceptance {name} (warm legs only)", None, None, c, want,
+                                  got["acceptance"][name])
+        want_tau = round(1 + sums["num_accepted_tokens"] / sums["num_drafts"], 4) if sums["num_drafts"] else 1.0
+        if got["acceptance"]["mean_acceptance_length"] != want_tau:
+            return Difference("folded mean acceptance length", None, None, c, want_tau,
+                              got["acceptance"]["mean_acceptance_length"])
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def heldout_workload(temperature: float) -> bench.Workload:
+    return bench.heldout_workload(num_prompts=4, max_tokens=24, temperature=temperature)
+
+
+def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
+    """Run the bench's legs on traced engines; per leg, the acceptance the trace implies."""
+    legs, expected, traces = [], {}, {}
+    for c in CONCURRENCIES:
+        llm = make_llm(trace=True, max_num_seqs=c, **engine)
+        generate, captured = llm.generate, {}
+
+        def capture(*args, **kwargs):
+            captured["outputs"] = generate(*args, **kwargs)
+            return captured["outputs"]
+        llm.generate = capture
+        for i in range(LEGS):
+            start = len(llm.trace)
+            leg = bench.run_leg(llm, workload, c, i, WARMUP_LEGS)
+            legs.append(leg)
+            traces[(c, i)] = llm.trace[start:]
+            expected[(c, i)] = expected_acceptance(captured["outputs"], traces[(c, i)])
+    return legs, expected, traces
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("drafter", ["ngram", "block"])
+def test_bench_acceptance_equals_the_trace(make_llm, gate_record, drafter, async_runner, temperature):
+    workload = heldout_workload(temperature)
+    k = 4
+    legs, expected, traces = traced_legs(make_llm, workload, spec=drafter, num_spec_tokens=k,
+                                         async_runner=async_runner)
+    for leg in legs:
+        gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature,
+                         concurrency=leg.concurrency, leg=leg.index, warm=leg.warm)
+        gate_record.check(acceptance_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]),
+                          f"concurrency {leg.concurrency} leg {leg.index}")
+        gate_record.occurred("num_reqs>1", max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
+        gate_record.occurred("tokens truncated at max_tokens", expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
+        gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
+    gate_record.check(fold_difference(legs, expected), "fold")
+    gate_record.occurred(drafter)
+    gate_record.occurred("async runner" if async_runner else "sync runner")
+    gate_record.occurred("k>1", k > 1)
+    gate_record.occurred("sampled legs", temperature > 0)
+    gate_record.occurred("warm and cold legs", {leg.warm for leg in legs} == {True, False})

@@ -1,0 +1,61 @@
+"""`specgate gates list` and `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`."""
+import sys
+
+from gates import report
+from gates.registry import GATES, by_name
+
+
+def add_gates_parser(subparsers) -> None:
+    gates = subparsers.add_parser("gates", help="list or run the gates that decide whether the async "
+                                  "runner may be switched on")
+    sub = gates.add_subparsers(dest="gates_command", required=True)
+    ls = sub.add_parser("list", help="names, purposes, needs and the defects each is proven against")
+    ls.set_defaults(func=cmd_list)
+    run = sub.add_parser("run", help="run gates (all when none is named); exit 1 when any is red or errored")
+    run.add_argument("names", nargs="*", metavar="NAME", help="gates to run (default: all)")
+    run.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
+    run.add_argument("--junit", default=None, metavar="FILE", help="write the report as JUnit XML")
+    run.add_argument("--deep", action="store_true", help="Hypothesis 'deep' profile: many more examples")
+    run.add_argument("--model", default=None, help="target model folder (default: the fixture target)")
+    run.add_argument("--drafter", default=None, help="block drafter folder (default: the fixture drafter)")
+    run.add_argument("--device", default=None, help="device for the engine runs (default: cpu)")
+    run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_list(args) -> int:
+    for g in GATES:
+        proven = ", ".join(g.proven_against) or "-"
+        print(f"{g.name:<16} needs {g.needs:<5} proven against: {proven}\n    {g.purpose}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from gates.run import run_gates
+    try:
+        gates = by_name(args.names)
+    except KeyError as e:
+        print(f"specgate: error: {e.args[0]}", file=sys.stderr)
+        return 2
+    if args.cpu_only:
+        gates = [g for g in gates if g.needs == "cpu"]
+    result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
+                       drafter=args.drafter, device=args.device)
+    print(report.table(result["gates"]))
+    counts = result["summary"]
+    print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "
+          f"{counts['error']} error in {result['seconds']:.0f} s")
+    return result["exit_status"]
+
+
+def main(argv=None) -> int:
+    """`python -m gates.cli gates ...`: the same subcommand without the rest of `specgate`."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="specgate")
+    add_gates_parser(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

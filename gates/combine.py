@@ -1,0 +1,58 @@
+"""Gate combine (G2): the async runner assembles each step's device inputs on the device from
+the last step's results; per step and request they must equal what the sync runner built on
+the host: input ids (last committed token, then the drafts), positions, sequence length, and
+the logits window relative to the query start."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gates.compare import runs_difference
+from gates.workloads import (DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE,
+                             gate_settings, run_pair, workloads)
+
+CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "device-fed rows compared", "preemption", "eager arm",
+          "graph arm", "graph step with padding rows", "host-history request")
+
+
+def check_pair(gate_record, sync, async_):
+    gate_record.check(runs_difference(sync, async_, fields=("device_inputs",)), "async vs sync")
+    fed = sum(r.device_fed for s in async_.trace for r in s.requests)
+    gate_record.occurred(sync.engine["spec"])
+    gate_record.occurred("num_reqs>1", max(s.num_reqs for s in async_.trace) > 1)
+    gate_record.occurred("k>1", sync.engine["num_spec_tokens"] > 1)
+    gate_record.occurred("device-fed rows compared", fed > 0)
+    gate_record.occurred("preemption", sync.num_preemptions > 0 and async_.num_preemptions > 0)
+    gate_record.occurred("graph arm", any(route.endswith("/graph") for route in async_.routes))
+    gate_record.occurred("graph step with padding rows", any(s.num_padding_rows for s in async_.trace))
+    gate_record.occurred("eager arm", any(route.endswith("/eager") for route in async_.routes))
+    gate_record.occurred("host-history request", any(async_.workload.host_history))
+    assert fed > 0, "no row of the async run was device-fed: nothing was combined on the device"
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(workload=workloads(min_reqs=2, min_tokens=8, host_history=None), k=st.integers(1, 6),
+       preempt=st.booleans())
+@gate_settings(4)
+def test_async_device_inputs_equal_sync(make_llm, gate_record, drafter, graph, workload, k, preempt):
+    engine = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=4,
+                  num_kv_blocks=18 if preempt else None)
+    gate_record.case(drafter=drafter, graph=graph, k=k, num_reqs=workload.num_reqs, preempt=preempt)
+    check_pair(gate_record, *run_pair(make_llm, workload, **engine))
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_device_inputs_with_every_refusal_kind_and_preemption(make_llm, gate_record, drafter):
+    gate_record.case(drafter=drafter, workload="mixed refusals", k=3)
+    sync, async_ = run_pair(make_llm, MIXED_REFUSALS, spec=drafter, num_spec_tokens=3, **MIXED_REFUSALS_ENGINE)
+    assert sync.num_preemptions and async_.num_preemptions, "the cache never filled: no preemption"
+    check_pair(gate_record, sync, async_)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_device_inputs_in_padded_graph_steps_with_every_slot_taken(make_llm, gate_record, drafter):
+    """Padding rows run alongside real ones and must touch no request's state slot."""
+    gate_record.case(drafter=drafter, workload="graph padding", k=3)
+    sync, async_ = run_pair(make_llm, GRAPH_PADDING, spec=drafter, num_spec_tokens=3, **GRAPH_PADDING_ENGINE)
+    assert any(s.num_padding_rows for s in async_.trace), "no graph step was padded"
+    check_pair(gate_record, sync, async_)

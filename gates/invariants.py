@@ -1,0 +1,191 @@
+"""Checks of one traced run against itself and against references the host can compute.
+
+The trace is what the device did; the outputs and stats are what the host made of it. They
+must agree: every emitted token traced, every counter the sum of its trace records, every
+step starting where the last one ended. And two references need no second run:
+
+- the logits window: a verify row gathers its num_draft + 1 logits from its query start
+  (a window that falls back to the query's end is reason A);
+- greedy acceptance: with temperature 0, the target's choice at each position is the token the
+  run finally emitted there (verify is lossless), so a step from position s accepts exactly the
+  longest prefix of its drafts that matches the output from s + 1. A stale draft or a logit
+  gathered from the wrong row moves acceptance even when every token stays right;
+- ngram drafts: prompt lookup is a pure function of the committed history, recomputed here in
+  plain Python, so a stale or misrouted draft is caught in either runner.
+
+A record is *real* when its results reached the request; the async runner also traces the step
+it launched past a request's end, which emits nothing.
+"""
+from engine.trace import RequestTrace, StepTrace
+from gates.compare import Difference
+
+
+def records_by_request(trace: list[StepTrace]) -> dict[int, list[tuple[int, RequestTrace]]]:
+    out: dict[int, list[tuple[int, RequestTrace]]] = {}
+    for step in trace:
+        for rec in step.requests:
+            out.setdefault(rec.request_id, []).append((step.step, rec))
+    return out
+
+
+def real_records(trace, outputs) -> dict[int, list[tuple[int, RequestTrace]]]:
+    """Per request, the records whose results reached it: prefills, and verify steps from a
+    position at most final length - 2 (one that starts later began past the end)."""
+    final_len = {o.request_id: len(o.prompt_token_ids) + len(o.token_ids) for o in outputs}
+    return {rid: [(s, r) for s, r in recs if r.is_prefill or r.positions[0] <= final_len[rid] - 2]
+            for rid, recs in records_by_request(trace).items()}
+
+
+def width(rec: RequestTrace) -> int:
+    """Drafts this record's row could verify (its spec width); 0 for a prefill."""
+    return 0 if rec.is_prefill else len(rec.input_ids) - 1
+
+
+def trace_consistency(outputs, trace) -> Difference | None:
+    """Each request's outputs and stats against its own trace records."""
+    real = real_records(trace, outputs)
+    for out in sorted(outputs, key=lambda o: o.request_id):
+        rid, stats, recs = out.request_id, out.stats, real.get(out.request_id, [])
+        diff = _record_shape(rid, recs) or _continuity(rid, recs)
+        if diff:
+            return diff
+        verify = [(s, r) for s, r in recs if width(r) > 0]
+        prefills = [r for _, r in recs if r.is_prefill]
+        emitted = [t for _, r in recs for t in r.sampled]
+        last_step = recs[-1][0] if recs else None
+        n = len(out.token_ids)
+        checks = [
+            ("num_prefills", len(prefills), stats.num_prefills),
+            ("completion tokens = sum of emit counts - truncated",
+             sum(r.emit_count for _, r in recs if not r.is_prefill) + len(prefills) - stats.num_truncated, n),
+            ("emitted tokens", emitted[:n], list(out.token_ids)),
+            ("tokens produced past the end (num_truncated)", len(emitted) - n, stats.num_truncated),
+            ("verify_steps", len(verify), stats.verify_steps),
+            ("num_drafts", sum(1 for _, r in verify if r.num_draft > 0), stats.num_drafts),
+            ("num_draft_tokens", sum(r.num_draft for _, r in verify), stats.num_draft_tokens),
+            ("num_accepted_tokens", sum(r.num_accepted for _, r in verify), stats.num_accepted_tokens),
+            ("accepted_per_position", _per_position(verify), _trimmed(stats.accepted_per_position)),
+        ]
+        for what, expected, actual in checks:
+            if expected != actual:
+                return Difference(what, last_step, rid, None, expected, actual)
+    return None
+
+
+def _per_position(verify) -> list[int]:
+    counts = [0] * max((r.num_accepted for _, r in verify), default=0)
+    for _, r in verify:
+        for j in range(r.num_accepted):
+            counts[j] += 1
+    return counts
+
+
+def _trimmed(counts: list[int]) -> list[int]:
+    counts = list(counts)
+    while counts and counts[-1] == 0:
+        counts.pop()
+    return counts
+
+
+def _record_shape(rid: int, recs) -> Difference | None:
+    """num_accepted <= num_draft <= width; the drafts traced are num_draft long; emit = sampled."""
+    for step, r in recs:
+        position = r.positions[0]
+        if not 0 <= r.num_accepted <= r.num_draft <= width(r):
+            return Difference("0 <= num_accepted <= num_draft <= spec width", step, rid, position,
+                              f"<= {r.num_draft} <= {width(r)}", r.num_accepted)
+        if len(r.draft_token_ids) != r.num_draft or len(r.sampled) != r.emit_count:
+            return Difference("drafts and sampled tokens traced", step, rid, position,
+                              (r.num_draft, r.emit_count), (len(r.draft_token_ids), len(r.sampled)))
+    return None
+
+
+def _continuity(rid: int, recs) -> Difference | None:
+    """Each real step starts where the previous one left the request: a verify step from the
+    position of the last committed token, a prefill (resume) over the whole history."""
+    committed_through = None  # position of the request's last committed token
+    for step, r in recs:
+        if committed_through is not None:
+            if r.is_prefill and len(r.input_ids) != committed_through + 1:
+                return Difference("resumed prefill length", step, rid, 0, committed_through + 1, len(r.input_ids))
+            if not r.is_prefill and r.positions[0] != committed_through:
+                return Difference("verify start position", step, rid, r.positions[0], committed_through,
+                                  r.positions[0])
+        committed_through = (len(r.input_ids) if r.is_prefill else r.positions[0] + r.emit_count)
+    return None
+
+
+def logits_window_difference(trace: list[StepTrace]) -> Difference | None:
+    """Reason A: a verify row's logits window must be its query's rows from the query start,
+    num_draft + 1 of them at least (all 1 + width, as planned); a prefill row's, its last token."""
+    for step in trace:
+        for r in step.requests:
+            window = list(r.logits_indices)
+            if r.is_prefill:
+                expected = [r.query_start + len(r.input_ids) - 1]
+            else:
+                expected = list(range(r.query_start, r.query_start + len(r.input_ids)))
+            if window != expected or (not r.is_prefill and len(window) < r.num_draft + 1):
+                return Difference("logits window", step.step, r.request_id, r.positions[0], expected, window)
+    return None
+
+
+def acceptance_difference(outputs, trace, greedy_ids: set[int]) -> Difference | None:
+    """Greedy requests: a verify step from position s accepts the longest prefix of its drafts
+    that matches the final sequence from s + 1 (beyond the end, at least as far as it is known)."""
+    real = real_records(trace, outputs)
+    for out in sorted(outputs, key=lambda o: o.request_id):
+        if out.request_id not in greedy_ids:
+            continue
+        sequence = list(out.prompt_token_ids) + list(out.token_ids)
+        for step, r in real.get(out.request_id, []):
+            if r.is_prefill or r.num_draft == 0:
+                continue
+            s = r.positions[0]
+            known = sequence[s + 1:s + 1 + r.num_draft]
+            match = next((j for j, (d, t) in enumerate(zip(r.draft_token_ids, known)) if d != t), len(known))
+            exact = match < len(known) or len(known) == r.num_draft
+            if (exact and r.num_accepted != match) or (not exact and r.num_accepted < match):
+                return Difference("num_accepted (greedy: matching draft prefix)", step, out.request_id, s,
+                                  match if exact else f">= {match}", r.num_accepted)
+    return None
+
+
+def ngram_drafts(history: list[int], k: int, min_n: int = 1, max_n: int = 3) -> list[int]:
+    """Prompt lookup in plain Python: the tokens after the earliest earlier occurrence of the
+    history's last n tokens, n from max_n down to min_n; at most k, never past the history."""
+    length = len(history)
+    for n in range(max_n, min_n - 1, -1):
+        if length < n + 1:
+            continue
+        suffix = history[length - n:]
+        for start in range(length - n):
+            if history[start:start + n] == suffix:
+                return history[start + n:start + n + k]
+    return []
+
+
+def ngram_draft_difference(outputs, trace, min_n: int = 1, max_n: int = 3) -> Difference | None:
+    """Every real verify step's drafts are the prompt-lookup drafts of the history it starts from."""
+    real = real_records(trace, outputs)
+    for out in sorted(outputs, key=lambda o: o.request_id):
+        sequence = list(out.prompt_token_ids) + list(out.token_ids)
+        for step, r in real.get(out.request_id, []):
+            if width(r) == 0:
+                continue
+            s = r.positions[0]
+            expected = ngram_drafts(sequence[:s + 1], width(r), min_n, max_n)
+            if list(r.draft_token_ids) != expected:
+                return Difference("ngram drafts", step, out.request_id, s, expected, list(r.draft_token_ids))
+    return None
+
+
+def mixed_refusals(trace: list[StepTrace]) -> dict[str, int]:
+    """Refusal kind -> number of steps where a request refused for it shared the step with a
+    device-fed request (the predicate split's case)."""
+    counts: dict[str, int] = {}
+    for step in trace:
+        if any(r.device_fed for r in step.requests):
+            for kind in {r.refusal for r in step.requests if not r.device_fed and r.refusal}:
+                counts[kind] = counts.get(kind, 0) + 1
+    return counts

@@ -1,0 +1,127 @@
+"""Gate lossless (G1): speculative decoding changes nothing but speed.
+
+Greedy: spec output equals plain greedy output token for token, for both drafters, both runners,
+k up to 6, several requests with mixed arrivals, with and without preemption.
+Sampling: verify alone emits the target distribution at every position (chi-square per position),
+and whole sampled engine runs emit it too (randomized PIT, see gates/distribution.py), while the
+same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
+A seeded sampled run is also the same on both runners, token for token.
+"""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine import SamplingParams
+from gates import distribution
+from gates.compare import token_difference
+from gates.distribution import P_VALUE_THRESHOLD
+from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, run, workloads
+
+CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
+          "preemption", "sampled drafts accepted and rejected", "negative control failed")
+
+SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
+SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(make_llm):
+    """Plain greedy output of every prompt; a shorter max_tokens gives a prefix of it."""
+    outs = make_llm(async_runner=False).generate(list(PROMPTS), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    return {p: o.token_ids for p, o in zip(PROMPTS, outs)}
+
+
+def check_greedy(make_llm, gate_record, plain_greedy, workload, **engine):
+    for async_runner in (False, True):
+        r = run(make_llm, workload, async_runner=async_runner, **engine)
+        gate_record.case(**{k: v for k, v in engine.items() if v is not None}, async_runner=async_runner,
+                         num_reqs=workload.num_reqs)
+        expected = {o.request_id: plain_greedy[p][:m] for o, p, m in
+                    zip(r.outputs, workload.prompts, workload.max_tokens)}
+        gate_record.check(token_difference(expected, r), f"{r.label()}: spec vs plain greedy")
+        gate_record.occurred(engine["spec"])
+        gate_record.occurred("async runner" if r.is_async else "sync runner")
+        gate_record.occurred("num_reqs>1", max(s.num_reqs for s in r.trace) > 1)
+        gate_record.occurred("k>1", engine["num_spec_tokens"] > 1)
+        gate_record.occurred("drafts accepted", sum(o.stats.num_accepted_tokens for o in r.outputs) > 0)
+        gate_record.occurred("preemption", r.num_preemptions > 0)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(workload=workloads(), k=st.integers(1, 6))
+@gate_settings(4)
+def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, drafter, workload, k):
+    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(workload=workloads(min_reqs=3, max_reqs=6, long_prompts=True, max_arrival=None), k=st.integers(1, 6))
+@gate_settings(3)
+def test_greedy_spec_equals_plain_under_preemption(make_llm, gate_record, plain_greedy, drafter, workload, k):
+    workload = Workload(workload.prompts, (MAX_TOKENS,) * workload.num_reqs, workload.arrival_steps)
+    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=6,
+                 num_kv_blocks=18)
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["verify", "negative-control"])
+@pytest.mark.parametrize("drafter", ["sampled", "one-hot"])
+def test_verify_emits_the_target_distribution_at_every_position(gate_record, drafter, lossy):
+    gate_record.case(level="verify", drafter=drafter, lossy=lossy, rounds=60_000)
+    results = distribution.position_p_values(*distribution.verify_round(60_000, 6, 3, drafter, lossy))
+    gate_record.measure(drafter=drafter, lossy=lossy, positions=[{"rounds": n, "p_value": pv} for n, pv in results])
+    assert all(n >= 1000 for n, _ in results), f"a position was rarely reached: {results}"
+    worst = min(pv for _, pv in results)
+    if lossy:
+        assert worst < P_VALUE_THRESHOLD, f"the negative control passed the test: {results}"
+        gate_record.occurred("negative control failed")
+    else:
+        gate_record.evidence(positions=results)
+        assert worst > P_VALUE_THRESHOLD, f"verify's output is not distributed as the target: {results}"
+
+
+def sampled_workload(sampling: dict) -> tuple[list[str], list[SamplingParams]]:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(SAMPLED_REQUESTS)]
+    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **sampling)
+              for i in range(SAMPLED_REQUESTS)]
+    return prompts, params
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafter, sampling):
+    prompts, params = sampled_workload(SAMPLING[sampling])
+    outs = {}
+    for async_runner in (False, True):
+        llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
+                       async_runner=async_runner)
+        outs[async_runner] = llm.generate(prompts, params)
+        gate_record.case(level="engine", drafter=drafter, sampling=sampling, async_runner=async_runner,
+                         requests=len(prompts), tokens=SAMPLED_TOKENS)
+        gate_record.occurred("async runner" if async_runner else "sync runner")
+    for i, (s, a) in enumerate(zip(outs[False], outs[True])):
+        assert a.token_ids == s.token_ids, f"request {i}: seeded sampled tokens differ between the runners"
+    drafted = sum(o.stats.num_draft_tokens for o in outs[False])
+    accepted = sum(o.stats.num_accepted_tokens for o in outs[False])
+    gate_record.occurred("sampled drafts accepted and rejected", 0 < accepted < drafted)
+    u = distribution.pit_values(llm.model, outs[False], params)
+    p_value = distribution.uniformity_p_value(u)
+    gate_record.measure(drafter=drafter, sampling=sampling, tokens=len(u), p_value=p_value,
+                        draft_tokens=drafted, accepted=accepted)
+    gate_record.evidence(tokens=len(u), p_value=p_value, threshold=P_VALUE_THRESHOLD)
+    assert p_value > P_VALUE_THRESHOLD, f"sampled tokens are not distributed as the target (PIT p={p_value:.2e})"
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_negative_control_lossy_engine_fails_the_distribution_test(make_llm, gate_record, monkeypatch, drafter):
+    """The same engine test on a run whose verify takes the ratio with the wrong q must fail."""
+    import engine.runner
+    monkeypatch.setattr(engine.runner, "verify", distribution.wrong_q_verify)
+    prompts, params = sampled_workload(SAMPLING["t1"])
+    llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
+                   async_runner=False)
+    gate_record.case(level="engine", drafter=drafter, sampling="t1", lossy=True)
+    outs = llm.generate(prompts, params)
+    p_value = distribution.uniformity_p_value(distribution.pit_values(llm.model, outs, params))
+    gate_record.measure(drafter=drafter, negative_control=True, p_value=p_value)
+    assert p_value < P_VALUE_THRESHOLD, f"the lossy verify passed the distribution test (p={p_value:.2e})"
+    gate_record.occurred("negative control failed")

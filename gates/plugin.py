@@ -1,0 +1,251 @@
+"""The pytest plugin behind `specgate gates run` (or `pytest -p gates.plugin gates/<gate>.py`).
+
+It maps each test to its gate by module file, and gathers per gate: every test's outcome, the
+cases the tests declared through the `gate_record` fixture, the evidence behind a failed check,
+measurements, and which claimed situations occurred. At the end it decides each gate's status
+(gates/report.py), prints a table, writes the results to --gates-report, and fails the session
+when a gate is red or errored, also one whose tests all passed (zero cases, a claim that never
+occurred).
+"""
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from gates import report as verdicts
+from gates.registry import GATES, Gate, gate_of_file
+
+SESSION_PLUGIN = "specgate-gate-session"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("specgate gates")
+    group.addoption("--model", default=None, help="target model folder (default: $SPECGATE_MODEL, "
+                    "else the fixture target)")
+    group.addoption("--drafter", default=None, help="block drafter folder (default: $SPECGATE_DRAFTER, "
+                    "else the fixture drafter)")
+    group.addoption("--device", default=None, help="device the gates run the engine on (default: "
+                    "$SPECGATE_DEVICE, else cpu)")
+    group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
+    group.addoption("--gates-spec", default=None, help="JSON list of gate definitions to use instead "
+                    "of the registry (tests of the harness)")
+
+
+def pytest_configure(config):
+    gates = GATES
+    if config.getoption("--gates-spec"):
+        raw = json.loads(Path(config.getoption("--gates-spec")).read_text())
+        gates = tuple(Gate(**{**g, "path": Path(g["path"]) if g.get("path") else None}) for g in raw)
+    config.pluginmanager.register(GateSession(config, gates), SESSION_PLUGIN)
+
+
+@pytest.fixture(scope="session")
+def gate_record(request) -> "Recorder":
+    """Declare the running gate test's cases, occurrences, evidence and measurements."""
+    return Recorder(request.config.pluginmanager.get_plugin(SESSION_PLUGIN))
+
+
+class Recorder:
+    """Session-scoped (Hypothesis refuses function-scoped fixtures); writes to the running test."""
+
+    def __init__(self, session: "GateSession"):
+        self._session = session
+
+    def case(self, **params) -> None:
+        """Start a case: one engine run or comparison the gate checks. Evidence recorded from
+        here on belongs to it (for Hypothesis, the failing example is the last case run)."""
+        test = self._session.current_test()
+        test["cases"].append(_jsonable(params))
+        test["evidence"] = []
+
+    def occurred(self, claim: str, condition: bool = True) -> None:
+        """Mark a situation the gate claims to cover (its module's CLAIMS) as having happened."""
+        if condition:
+            self._session.current_claims().add(claim)
+
+    def evidence(self, **data) -> None:
+        """Attach evidence to the current case; the report shows it when the test fails."""
+        self._session.current_test()["evidence"].append(_jsonable(data))
+
+    def check(self, difference, context: str = "") -> None:
+        """Fail with the difference (a gates.compare.Difference) as evidence, if there is one."""
+        if difference is None:
+            return
+        self.evidence(**difference.as_dict(), **({"context": context} if context else {}))
+        pytest.fail(f"{context + ': ' if context else ''}{difference}", pytrace=False)
+
+    def measure(self, **figures) -> None:
+        """Record figures (timings, p-values) for the report, whatever the outcome."""
+        self._session.current_test()["measurements"].append(_jsonable(figures))
+
+
+class GateSession:
+    def __init__(self, config, gates):
+        self.config = config
+        self.gates = gates
+        self.tests: dict[str, dict[str, dict]] = {g.name: {} for g in gates}
+        self.claims: dict[str, set[str]] = {g.name: set() for g in gates}
+        self.declared_claims: dict[str, tuple[str, ...]] = {}
+        self.collect_errors: dict[str, str] = {}
+        self.current_item = None
+        self.results: list[dict] = []
+        self._gate_by_path: dict[Path, Gate | None] = {}
+        self._loose = _new_test("")  # a gate_record call from a test that belongs to no gate
+
+    def gate_of(self, path) -> Gate | None:
+        path = Path(path)
+        if path not in self._gate_by_path:
+            self._gate_by_path[path] = gate_of_file(path, self.gates)
+        return self._gate_by_path[path]
+
+    def _test_of(self, item) -> dict:
+        gate = self.gate_of(item.path) if item is not None else None
+        if gate is None:
+            return self._loose
+        return self.tests[gate.name].setdefault(item.nodeid, _new_test(item.nodeid))
+
+    def current_test(self) -> dict:
+        return self._test_of(self.current_item)
+
+    def current_claims(self) -> set[str]:
+        gate = self.gate_of(self.current_item.path) if self.current_item is not None else None
+        return self.claims[gate.name] if gate else set()
+
+    # ---- hooks --------------------------------------------------------------------------------
+    def pytest_collectreport(self, report):
+        gate = self.gate_of(report.fspath) if report.fspath else None
+        if gate is not None and report.failed:
+            self.collect_errors[gate.name] = str(report.longrepr)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.current_item = item
+        gate = self.gate_of(item.path)
+        if gate is not None:
+            self.declared_claims[gate.name] = tuple(getattr(item.module, "CLAIMS", ()))
+            self._test_of(item)
+        try:
+            return (yield)
+        finally:
+            self.current_item = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        rep = yield
+        if self.gate_of(item.path) is None:
+            return rep
+        test = self._test_of(item)
+        test["seconds"] += rep.duration
+        if rep.skipped and test["outcome"] == verdicts.PASSED:
+            reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            test["outcome"], test["message"] = verdicts.SKIPPED, reason.removeprefix("Skipped: ")
+        elif rep.failed and test["outcome"] != verdicts.FAILED:
+            is_check = rep.when == "call" and call.excinfo is not None and _is_failed_check(call.excinfo.value)
+            test["outcome"] = verdicts.FAILED if is_check else verdicts.ERROR
+            test["message"] = (f"[{rep.when}] " if rep.when != "call" else "") + _message(rep, call)
+        return rep
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        asked = {Path(a.split("::")[0]).resolve() for a in session.config.args}
+        selected = [g for g in self.gates if self.tests[g.name] or g.name in self.collect_errors
+                    or g.file.resolve() in asked]
+        self.results = [self.gate_result(g) for g in selected]
+        if verdicts.exit_status(self.results) and selected and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        path = self.config.getoption("--gates-report")
+        if path:
+            Path(path).write_text(json.dumps({"gates": self.results, "environment": environment(self.config)},
+                                             indent=2, default=str))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.results:
+            terminalreporter.write_sep("=", "specgate gates")
+            terminalreporter.write_line(verdicts.table(self.results))
+
+    def gate_result(self, gate: Gate) -> dict:
+        tests = list(self.tests[gate.name].values())
+        claims, seen = self.declared_claims.get(gate.name, ()), self.claims[gate.name]
+        status, reason = verdicts.verdict(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
+                                          has_cuda())
+        evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,
+                     "differences": t["evidence"]}
+                    for t in tests if t["outcome"] in (verdicts.FAILED, verdicts.ERROR)]
+        if status in (verdicts.RED, verdicts.ERROR) and not evidence:
+            evidence.append({"message": reason})
+        return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs,
+                "proven_against": list(gate.proven_against), "module": str(gate.file),
+                "status": status, "reason": reason,
+                "num_cases": sum(len(t["cases"]) for t in tests),
+                "cases": [{"test": t["nodeid"].split("::", 1)[-1], **c} for t in tests for c in t["cases"]],
+                "evidence": evidence,
+                "measurements": [m for t in tests for m in t["measurements"]],
+                "claims": {c: c in seen for c in claims},
+                "tests": [{"nodeid": t["nodeid"], "outcome": t["outcome"], "message": t["message"],
+                           "seconds": round(t["seconds"], 3), "cases": len(t["cases"])} for t in tests],
+                "seconds": round(sum(t["seconds"] for t in tests), 3)}
+
+
+def _new_test(nodeid: str) -> dict:
+    return {"nodeid": nodeid, "outcome": verdicts.PASSED, "message": None, "seconds": 0.0,
+            "cases": [], "evidence": [], "measurements": []}
+
+
+def _is_failed_check(exc: BaseException) -> bool:
+    """A failed assertion or pytest.fail is a check saying no; anything else could not decide.
+    Hypothesis may report several distinct failures as one group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_failed_check(e) for e in exc.exceptions)
+    return isinstance(exc, (AssertionError, pytest.fail.Exception))
+
+
+def _message(rep, call) -> str:
+    if call.excinfo is not None and rep.when == "call":
+        exc = call.excinfo.value
+        return str(exc.msg) if isinstance(exc, pytest.fail.Exception) else f"{type(exc).__name__}: {exc}"
+    return rep.longreprtext.strip().splitlines()[-1] if rep.longreprtext else ""
+
+
+def has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def option(config, name: str, env: str) -> str | None:
+    """A gate option: the pytest option, else the environment variable, else None."""
+    try:
+        value = config.getoption(name)
+    except ValueError:  # run without this plugin
+        value = None
+    return value or os.environ.get(env) or None
+
+
+def environment(config) -> dict:
+    import platform
+
+    import torch
+
+    from engine.runtime import model_checksums
+    model, drafter = option(config, "--model", "SPECGATE_MODEL"), option(config, "--drafter", "SPECGATE_DRAFTER")
+    try:
+        checksums = model_checksums(model, drafter, with_drafter=True)
+    except OSError as e:
+        checksums = {"error": str(e)}
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": has_cuda(),
+            "device": option(config, "--device", "SPECGATE_DEVICE") or "cpu",
+            "model": model, "drafter": drafter, "model_sha256": checksums,
+            "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(asdict(value))
+    return str(value)

@@ -1,0 +1,50 @@
+"""Gate predicate-split: the async runner refuses device feeding per request (prefill, resumed
+after preemption, host history) while the step as a whole still runs on the device. In batches
+where refused and device-fed requests share a step, async must equal sync in tokens and in
+emit counts per step and request. A per-request refusal read by a per-step predicate once
+shipped as a silent wrong answer that every num_reqs == 1 test passed."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.runner import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
+from gates.compare import runs_difference
+from gates.invariants import mixed_refusals
+from gates.workloads import DRAFTERS, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, gate_settings, run_pair, workloads
+
+REFUSALS = (REFUSE_PREFILL, REFUSE_RESUMED, REFUSE_HOST_HISTORY)
+CLAIMS = ("ngram", "block", "graph arm", *(f"mixed step with a {kind} refusal" for kind in REFUSALS))
+
+
+def check_pair(gate_record, sync, async_) -> dict[str, int]:
+    gate_record.check(runs_difference(sync, async_, fields=("emit_count",)), "async vs sync")
+    mixed = mixed_refusals(async_.trace)
+    gate_record.occurred(sync.engine["spec"])
+    gate_record.occurred("graph arm", any(route.endswith("/graph") for route in async_.routes))
+    for kind in mixed:
+        gate_record.occurred(f"mixed step with a {kind} refusal")
+    return mixed
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_every_refusal_kind_shares_steps_with_device_fed_requests(make_llm, gate_record, drafter):
+    gate_record.case(drafter=drafter, workload="mixed refusals", k=3)
+    mixed = check_pair(gate_record, *run_pair(make_llm, MIXED_REFUSALS, spec=drafter, num_spec_tokens=3,
+                                              **MIXED_REFUSALS_ENGINE))
+    missing = [kind for kind in REFUSALS if kind not in mixed]
+    assert not missing, f"no step mixed device-fed requests with {missing} refusals (mixed: {mixed})"
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(workload=workloads(min_reqs=5, max_reqs=7, long_prompts=True, min_tokens=12, host_history=None,
+                          max_arrival=8), k=st.integers(1, 5))
+@gate_settings(3)
+def test_mixed_batches_async_equals_sync(make_llm, gate_record, drafter, graph, workload, k):
+    """More requests than max_num_seqs (4): the queue is admitted while others decode. Whether
+    an example mixed is recorded with it; the gate's claims need every kind to have mixed."""
+    sync, async_ = run_pair(make_llm, workload, spec=drafter, num_spec_tokens=k, graph=graph,
+                            **MIXED_REFUSALS_ENGINE)
+    gate_record.case(drafter=drafter, graph=graph, k=k, num_reqs=workload.num_reqs,
+                     mixed=mixed_refusals(async_.trace))
+    check_pair(gate_record, sync, async_)

@@ -1,0 +1,88 @@
+"""The gate registry: each gate's name, module, one-line purpose and what it needs.
+
+A gate is one pytest module, gates/<module>.py. Which seeded defects a gate is proven
+against is not written here: it is read from the mutants catalogue (mutants/catalogue.py,
+whose DEFECTS each name the gates they turn red), so it is written once, where it is proven.
+"""
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+GATES_DIR = Path(__file__).resolve().parent
+NEEDS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str          # kebab-case, what `specgate gates run NAME` and `make gate NAME=` take
+    module: str        # gates/<module>.py
+    purpose: str
+    needs: str         # "cpu" runs anywhere; "cuda" is skipped, never green, without a GPU
+    path: Path | None = None  # where the module lives when it is not under gates/ (tests only)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):
+            raise ValueError(f"gate name {self.name!r} is not kebab-case")
+        if self.needs not in NEEDS:
+            raise ValueError(f"gate {self.name}: needs must be one of {NEEDS}, got {self.needs!r}")
+
+    @property
+    def file(self) -> Path:
+        return self.path or GATES_DIR / f"{self.module}.py"
+
+    @property
+    def proven_against(self) -> tuple[str, ...]:
+        return proven_against(self.name)
+
+
+GATES = (
+    Gate("lossless", "lossless", "G1: greedy spec output equals plain greedy token for token (both drafters, "
+         "both runners); sampled output passes a chi-square test against the target, and a lossy "
+         "verify fails it", "cpu"),
+    Gate("combine", "combine", "G2: per step and request, the async runner's device inputs (ids, positions, "
+         "sequence length, logits window) equal the sync runner's", "cpu"),
+    Gate("emit-count", "emit_count", "per step and request, async emit counts equal sync's, every run's "
+         "trace agrees with its tokens and metrics, and greedy acceptance equals what the drafts imply",
+         "cpu"),
+    Gate("reason-a", "reason_a", "on every verify step, eager and graph arm, each request's logits window "
+         "starts at its query start and covers its drafts + 1 rows", "cpu"),
+    Gate("predicate-split", "predicate_split", "batches where refused (prefill, resumed, host history) and "
+         "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu"),
+    Gate("acceptance", "acceptance", "the bench's per-leg acceptance equals the trace's in vLLM and SGLang "
+         "units, and the warm-leg predicate folds both axes over the same legs", "cpu"),
+    Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async at concurrency 1 and 8, "
+         "arms interleaved; a delta under the arms' spread is reported as under the floor", "cpu"),
+    Gate("busy", "busy", "G4: fraction of decode wall time the GPU is busy, eager and graph arm, async "
+         "and sync", "cuda"),
+    Gate("no-sync", "no_sync", "the async decode step makes no host synchronisation "
+         "(torch.cuda.set_sync_debug_mode('error') around the step), eager and graph arm", "cuda"),
+)
+
+
+def by_name(names: list[str] | None = None) -> list[Gate]:
+    """The gates named, in registry order when none are; an unknown name raises KeyError."""
+    known = {g.name: g for g in GATES}
+    if not names:
+        return list(GATES)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KeyError(f"unknown gate(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def gate_of_file(path: str | Path, gates=GATES) -> Gate | None:
+    path = Path(path).resolve()
+    return next((g for g in gates if g.file.resolve() == path), None)
+
+
+def proven_against(gate_name: str) -> tuple[str, ...]:
+    """Names of the seeded defects proven to turn this gate red, from mutants/catalogue.py
+    (DEFECTS: objects with `name` and `gates`); () until that catalogue exists."""
+    try:
+        catalogue = importlib.import_module("mutants.catalogue")
+    except ModuleNotFoundError as e:
+        if e.name not in ("mutants", "mutants.catalogue"):
+            raise
+        return ()
+    return tuple(d.name for d in getattr(catalogue, "DEFECTS", ()) if gate_name in d.gates)

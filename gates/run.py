@@ -1,0 +1,61 @@
+"""Run gates: one pytest process over the selected gate modules with the gates plugin, then the
+report (JSON, JUnit, a table) and an exit status that is non-zero when any gate is red or errored.
+
+pytest runs in a child process so each run starts clean (torch threads, Hypothesis profile,
+imported engine code), the way a seeded-defect run needs it.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from gates import report
+from gates.registry import Gate
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str | None = None,
+              deep: bool = False, model: str | None = None, drafter: str | None = None,
+              device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False) -> dict:
+    started, t0 = time.time(), time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="specgate-gates-") as tmp:
+        raw_path, spec_path = Path(tmp) / "report.json", Path(tmp) / "gates.json"
+        spec_path.write_text(json.dumps([{**asdict(g), "path": str(g.file)} for g in gates]))
+        cmd = [sys.executable, "-m", "pytest", "-p", "gates.plugin", f"--rootdir={REPO}",
+               "-c", str(REPO / "pyproject.toml"), "--gates-report", str(raw_path),
+               "--gates-spec", str(spec_path), *(str(g.file) for g in gates), *pytest_args]
+        for flag, value in (("--model", model), ("--drafter", drafter), ("--device", device)):
+            if value:
+                cmd += [flag, str(value)]
+        env = dict(os.environ, HYPOTHESIS_PROFILE="deep" if deep else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        out = subprocess.DEVNULL if quiet else sys.stderr
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=out)
+        raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"gates": [], "environment": {}}
+    found = {g["name"]: g for g in raw["gates"]}
+    results = [found.get(g.name) or _not_run(g, proc.returncode) for g in gates]
+    result = {"schema": "specgate-gates/1", "command": " ".join(cmd), "started": started,
+              "seconds": round(time.perf_counter() - t0, 2), "environment": raw["environment"],
+              "pytest_exit_status": proc.returncode, "summary": report.summary(results),
+              "exit_status": report.exit_status(results), "gates": results}
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+    if junit_path:
+        tree = report.junit(result)
+        tree.write(junit_path, encoding="utf-8", xml_declaration=True)
+    return result
+
+
+def _not_run(gate: Gate, returncode: int) -> dict:
+    """A gate the pytest process never reported on (it crashed, or was interrupted): an error."""
+    return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs,
+            "proven_against": list(gate.proven_against), "module": str(gate.file), "status": report.ERROR,
+            "reason": f"no result: pytest exited with status {returncode} before reporting this gate",
+            "num_cases": 0, "cases": [], "evidence": [], "measurements": [], "claims": {}, "tests": [],
+            "seconds": 0.0}

@@ -1,0 +1,79 @@
+"""Gate speed-ab (G3): TPOT and output throughput of the sync runner (VT_ASYNC_RUNNER=0) against
+the async runner on the same build, at concurrency 1 and 8, arms interleaved (ABBA per leg),
+a warm-up leg then several measured legs each (32 tokens a request on the CPU, 128 on a GPU).
+Each arm's spread sets a noise floor; a delta under it is reported as under the floor and
+never as a ratio.
+
+On the CPU this is a smoke check of the procedure with a small workload: the figures go to the
+JSON report and speed decides nothing (host and "device" share one thread, so the async runner
+has nothing to overlap). With --device cuda the gate is red when async is slower than sync by
+more than the floor on either metric at either concurrency.
+"""
+import pytest
+
+from engine import SamplingParams
+from gates.measure import UNDER_THE_FLOOR, ABResult, timed_leg
+from gates.workloads import DRAFTERS, PROMPTS
+
+CLAIMS = ("ngram", "block", "concurrency 1", "concurrency 8", "arms interleaved", "sync arm", "async arm")
+CONCURRENCIES, MEASURED_LEGS, WARMUP_LEGS = (1, 8), 3, 1
+MAX_TOKENS = {"cpu": 32, "cuda": 128}  # a smoke check on the CPU; closer to steady state on a GPU
+ARMS = {"sync": "0", "async": "1"}
+
+
+def workload(concurrency: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] for i in range(2 if concurrency == 1 else 8)]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, drafter):
+    max_tokens = MAX_TOKENS["cuda" if gate_device.startswith("cuda") else "cpu"]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    legs, order = [], 0
+    for c in CONCURRENCIES:
+        engines = {}
+        for arm, env in ARMS.items():  # the veto's own switch, as an operator would set it
+            monkeypatch.setenv("VT_ASYNC_RUNNER", env)
+            engines[arm] = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=c)
+            assert engines[arm].is_async == (arm == "async"), f"VT_ASYNC_RUNNER={env} did not pick the {arm} runner"
+        for i in range(WARMUP_LEGS + MEASURED_LEGS):
+            for arm in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
+                leg = timed_leg(engines[arm], workload(c), params, arm, c, i, warm=i >= WARMUP_LEGS)
+                leg.order, order = order, order + 1
+                legs.append(leg)
+                gate_record.case(drafter=drafter, arm=arm, concurrency=c, leg=i, warm=leg.warm)
+                gate_record.occurred(f"{arm} arm")
+        gate_record.occurred(f"concurrency {c}")
+    gate_record.occurred(drafter)
+    gate_record.occurred("arms interleaved", interleaved(legs))
+
+    results = []
+    for c in CONCURRENCIES:
+        warm = {arm: [leg for leg in legs if leg.concurrency == c and leg.arm == arm and leg.warm] for arm in ARMS}
+        assert all(len(v) == MEASURED_LEGS for v in warm.values()), "an arm is missing measured legs"
+        results.append(ABResult("tpot_ms", c, False, [leg.tpot_ms for leg in warm["sync"]],
+                                [leg.tpot_ms for leg in warm["async"]]))
+        results.append(ABResult("output_tokens_per_s", c, True, [leg.throughput for leg in warm["sync"]],
+                                [leg.throughput for leg in warm["async"]]))
+    figures = [r.as_dict() for r in results]
+    gate_record.measure(drafter=drafter, device=gate_device, max_tokens=max_tokens, ab=figures,
+                        legs=[dict(arm=leg.arm, concurrency=leg.concurrency, index=leg.index, warm=leg.warm,
+                                   order=leg.order, seconds=round(leg.seconds, 4), tokens=leg.output_tokens,
+                                   tpot_ms=round(leg.tpot_ms, 4)) for leg in legs])
+    for f in figures:
+        assert (f["result"] == UNDER_THE_FLOOR) == ("ratio" not in f), f"a ratio was reported under the floor: {f}"
+    if gate_device.startswith("cuda"):
+        worse = [f for r, f in zip(results, figures) if r.b_is_worse]
+        gate_record.evidence(slower=worse)
+        assert not worse, f"async is slower than sync beyond the noise floor: {worse}"
+
+
+def interleaved(legs) -> bool:
+    """Every leg index ran both arms before either arm ran the next index."""
+    for c in CONCURRENCIES:
+        mine = sorted((leg for leg in legs if leg.concurrency == c), key=lambda leg: leg.order)
+        indices = [leg.index for leg in mine]
+        if indices != sorted(indices) or any({leg.arm for leg in mine if leg.index == i} != set(ARMS)
+                                             for i in set(indices)):
+            return False
+    return True

@@ -9,14 +9,8 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.runner import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import first_difference, verify_steps
+from gates.workloads import no_immediate_repeat
 from strategies import batches
-
-
-def no_immediate_repeat(output_ids, logits_row):
-    """A logits processor that needs the request's full output history on the host."""
-    if output_ids:
-        logits_row[output_ids[-1]] = float("-inf")
-    return logits_row
 
 
 def run(make_llm, batch, processor_mask, **kwargs):

@@ -8,15 +8,12 @@ failure over the 4 positions; deterministic here because the keys are fixed). Ne
 the acceptance ratio computed against the wrong q (uniform, not the q the drafts came from), a
 lossy acceptance rule, must fail the same test.
 """
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
-from engine.sampling import STREAM_DRAFT, processed_probs, sample_from_probs
 from engine.verify import verify
+from gates.distribution import P_VALUE_THRESHOLD, position_p_values, verify_round
 
-P_VALUE_THRESHOLD = 1e-3
 NUM_ROUNDS = 60_000
 VOCAB, K = 6, 3
 
@@ -48,43 +45,15 @@ def test_padded_drafts_are_never_accepted_even_when_they_match():
     assert sampled.tolist() == [[1, -1, -1, -1]]
 
 
-def _sampling_round(ratio_q_is_wrong: bool):
-    gen = torch.Generator().manual_seed(0)
-    target_logits = torch.randn(K + 1, VOCAB, generator=gen) * 1.5
-    draft_logits = torch.randn(K, VOCAB, generator=gen) * 1.5
-    n = NUM_ROUNDS
-    temp, top_k, top_p = torch.ones(n), torch.full((n,), -1), torch.ones(n)
-    q = processed_probs(draft_logits.expand(n, -1, -1), temp[:, None], top_k[:, None], top_p[:, None])
-    keys = torch.arange(n, dtype=torch.long) * 7919 + 13
-    positions = torch.arange(1, K + 1)[None, :].expand(n, -1)
-    drafts = sample_from_probs(q, keys[:, None].expand(-1, K), positions, STREAM_DRAFT)
-    q_in_ratio = torch.full_like(q, 1.0 / VOCAB) if ratio_q_is_wrong else q
-    sampled, num_accepted = verify(target_logits.expand(n, -1, -1).clone(), drafts, torch.full((n,), K),
-                                   q_in_ratio, temp, top_k, top_p, keys, torch.ones(n, dtype=torch.long))
-    reference = torch.softmax(target_logits.double(), dim=-1)  # float64 reference for the test
-    return reference.numpy(), sampled.numpy(), num_accepted.numpy()
-
-
-def _p_values(p, sampled, num_accepted):
-    """p-value of the emitted tokens at each position j (0..K; K is the bonus position)."""
-    out = []
-    for j in range(K + 1):
-        reached = num_accepted >= j  # position j is emitted when drafts 0..j-1 were accepted
-        tokens = sampled[reached, j]
-        observed = np.bincount(tokens, minlength=VOCAB)
-        expected = p[j] * reached.sum()
-        out.append((int(reached.sum()), chisquare(observed, expected).pvalue))
-    return out
-
-
-def test_rejection_sampling_emits_the_target_distribution_at_every_position():
-    results = _p_values(*_sampling_round(ratio_q_is_wrong=False))
+@pytest.mark.parametrize("drafter", ["sampled", "one-hot"])
+def test_rejection_sampling_emits_the_target_distribution_at_every_position(drafter):
+    results = position_p_values(*verify_round(NUM_ROUNDS, VOCAB, K, drafter, lossy=False))
     assert all(n >= 1000 for n, _ in results), results  # every position, the bonus too, was reached often
     assert all(pv > P_VALUE_THRESHOLD for _, pv in results), results
 
 
 def test_negative_control_lossy_acceptance_fails_the_same_test():
-    results = _p_values(*_sampling_round(ratio_q_is_wrong=True))
+    results = position_p_values(*verify_round(NUM_ROUNDS, VOCAB, K, "sampled", lossy=True))
     assert min(pv for _, pv in results) < P_VALUE_THRESHOLD, results
 
 

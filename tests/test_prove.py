@@ -1,0 +1,338 @@
+"""The seeded-defect catalogue and `specgate prove`: every patch applies exactly to this tree, a
+patch that no longer applies is reported stale, planting a defect never touches the working
+tree, and the matrix's verdict (red, green, stale, unproven gate -> exit status) on synthetic
+gate results. The real gate runs are `make prove`'s job, not this suite's."""
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gates import registry
+from mutants import catalogue, matrix
+from mutants.apply import StalePatch, apply_patch, copy_tree, parse_patch, patched_files, source_files
+from mutants.catalogue import DEFECTS, Defect
+from mutants.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
+from mutants.prove import add_prove_parser, prove, stale_check
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def read_repo(rel):
+    path = REPO / rel
+    return path.read_text() if path.is_file() else None
+
+
+# ---- the catalogue ---------------------------------------------------------------------------------
+def test_defect_names_are_unique_kebab_case_and_name_known_gates():
+    names = [d.name for d in DEFECTS]
+    assert len(names) == len(set(names))
+    known = {g.name for g in registry.GATES}
+    for d in DEFECTS:
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", d.name), d.name
+        assert d.gates and set(d.gates) <= known, f"{d.name} names unknown gates {set(d.gates) - known}"
+        assert len(d.gates) == len(set(d.gates))
+        assert d.models.strip() and d.models.count(". ") <= 2, f"{d.name}: say what it models in one or two sentences"
+        assert d.needs in ("cpu", "cuda")
+        assert not (d.token_invisible and "lossless" in d.gates), f"{d.name} cannot be invisible to lossless and red on it"
+
+
+def test_a_bad_defect_is_refused():
+    with pytest.raises(ValueError, match="kebab-case"):
+        Defect("Stale_Drafts", "x", ("combine",))
+    with pytest.raises(ValueError, match="names no gate"):
+        Defect("stale-drafts", "x", ())
+
+
+def test_at_least_two_defects_claim_every_token_unchanged_and_are_caught_by_emit_count_combine_or_reason_a():
+    invisible = [d for d in DEFECTS if d.token_invisible and {"emit-count", "combine", "reason-a"} & set(d.gates)]
+    assert len(invisible) >= 2, [d.name for d in invisible]
+
+
+def test_every_cpu_gate_is_named_by_a_cpu_defect_and_every_gate_by_some_defect():
+    for g in registry.GATES:
+        assert g.proven_against, f"gate {g.name} is proven against no defect"
+        if g.needs == "cpu":
+            cpu = [d.name for d in DEFECTS if g.name in d.gates and d.needs == "cpu"]
+            assert cpu, f"CPU gate {g.name} is named only by defects that need CUDA"
+
+
+def test_gates_list_reads_the_defects_from_the_catalogue(capsys):
+    from gates.cli import main
+    assert main(["gates", "list"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("reason-a "))
+    assert "reason-a-eager-arm" in line and "reason-a-graph-arm" in line
+
+
+def test_each_defect_has_its_patch_and_every_patch_a_defect():
+    patches = {p.stem for p in catalogue.PATCHES.glob("*")}
+    assert patches == {d.name for d in DEFECTS}
+    assert all(p.suffix == ".diff" for p in catalogue.PATCHES.iterdir())
+
+
+def test_mutants_holds_no_mutmut_files():
+    """mutmut 3 works in a folder called mutants/ too: none of its files may land in ours."""
+    folder = REPO / "mutants"
+    ours = {"__init__.py", "catalogue.py", "apply.py", "matrix.py", "prove.py", "README.md", "patches", "__pycache__"}
+    assert {p.name for p in folder.iterdir()} <= ours
+    assert not list(folder.rglob("*mutmut*")) and not list(folder.rglob("*.meta"))
+
+
+# ---- patches against this tree -------------------------------------------------------------------
+@pytest.mark.parametrize("defect", DEFECTS, ids=lambda d: d.name)
+def test_every_patch_applies_exactly_once_to_the_current_tree(defect):
+    text = defect.patch.read_text()
+    files = patched_files(text, read_repo)
+    assert files and all(files[p] != read_repo(p) for p in files)
+    assert all(p.startswith("engine/") for p in files), "a defect is planted in the engine"
+    # And it is a standard diff: `git apply --check` (read-only) agrees.
+    subprocess.run(["git", "apply", "--check", str(defect.patch)], cwd=REPO, check=True, capture_output=True)
+
+
+def test_stale_check_of_the_catalogue_against_this_tree_finds_nothing():
+    assert stale_check(list(DEFECTS), REPO) == {}
+
+
+PATCH = textwrap.dedent("""\
+    --- a/engine/x.py
+    +++ b/engine/x.py
+    @@ -1,3 +1,3 @@
+     def f(a):
+    -    return a + 1
+    +    return a + 2
+     # end
+    """)
+
+
+def test_a_patch_that_no_longer_applies_is_stale(tmp_path):
+    (tmp_path / "engine").mkdir()
+    target = tmp_path / "engine" / "x.py"
+    target.write_text("def f(a):\n    return a + 1\n# end\n")
+    assert apply_patch(PATCH, tmp_path) == ["engine/x.py"]
+    assert target.read_text() == "def f(a):\n    return a + 2\n# end\n"
+    with pytest.raises(StalePatch, match="matches nowhere"):          # the code moved under it
+        apply_patch(PATCH, tmp_path)
+    target.write_text("def f(a):\n    return a + 1\n# end\n" * 2)
+    with pytest.raises(StalePatch, match="matches 2 times"):         # ambiguous: never guessed
+        apply_patch(PATCH, tmp_path)
+    target.unlink()
+    with pytest.raises(StalePatch, match="does not exist"):
+        apply_patch(PATCH, tmp_path)
+
+
+def test_stale_check_reports_a_defect_whose_code_moved(tmp_path):
+    defect = DEFECTS[0]
+    touched = sorted({h.path for h in parse_patch(defect.patch.read_text())})
+    copy_tree(REPO, tmp_path / "tree", files=touched)
+    assert stale_check([defect], tmp_path / "tree") == {}
+    hunk = parse_patch(defect.patch.read_text())[0]
+    line = next(ln for ln in hunk.old if ln.strip())   # someone edits a line the patch rests on
+    path = tmp_path / "tree" / hunk.path
+    path.write_text(path.read_text().replace(line, line.rstrip("\n") + "  # edited\n", 1))
+    stale = stale_check([defect], tmp_path / "tree")
+    assert set(stale) == {defect.name} and "matches nowhere" in stale[defect.name]
+
+
+def test_a_patch_cannot_write_outside_the_tree(tmp_path):
+    escaping = PATCH.replace("b/engine/x.py", "b/../x.py")
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "x.py").write_text("def f(a):\n    return a + 1\n# end\n")
+    with pytest.raises(ValueError, match="leaves the tree"):
+        apply_patch(escaping, tmp_path / "tree")
+    assert (tmp_path / "x.py").read_text() == "def f(a):\n    return a + 1\n# end\n"
+
+
+def tree_state() -> tuple[dict[str, str], str]:
+    files = {f: hashlib.sha256((REPO / f).read_bytes()).hexdigest() for f in source_files(REPO)}
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    return files, status
+
+
+def test_planting_every_defect_never_touches_the_working_tree(tmp_path):
+    before = tree_state()
+    for d in DEFECTS:
+        touched = sorted({h.path for h in parse_patch(d.patch.read_text())})
+        copy = copy_tree(REPO, tmp_path / d.name, files=touched)
+        assert apply_patch(d.patch.read_text(), copy) == touched
+        assert all((copy / f).read_text() != (REPO / f).read_text() for f in touched)
+    assert tree_state() == before
+
+
+# ---- the verdict on synthetic results ------------------------------------------------------------
+NEEDS = {"lossless": "cpu", "combine": "cpu", "emit-count": "cpu", "no-sync": "cuda"}
+FAKE = (Defect("stale-drafts", "x", ("combine", "emit-count")),
+        Defect("prefill-proposes-nothing", "x", ("emit-count",), token_invisible=True),
+        Defect("resample-from-p", "x", ("lossless",)),
+        Defect("host-sync-in-device-step", "x", ("no-sync",), needs="cuda"))
+
+
+def ran(name, **statuses):
+    return TreeRun(name, RAN, {g.replace("_", "-"): {"status": s, "reason": ""} for g, s in statuses.items()})
+
+
+def good_runs():
+    return {"stale-drafts": ran("stale-drafts", lossless=RED, combine=RED, emit_count=RED),
+            "prefill-proposes-nothing": ran("prefill-proposes-nothing", lossless=GREEN, emit_count=RED),
+            "resample-from-p": ran("resample-from-p", lossless=RED),
+            "host-sync-in-device-step": TreeRun("host-sync-in-device-step", NEEDS_CUDA)}
+
+
+def clean_run(**over):
+    statuses = {"lossless": GREEN, "combine": GREEN, "emit_count": GREEN, "no_sync": SKIPPED, **over}
+    return ran(CLEAN, **statuses)
+
+
+def judge(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE):
+    return matrix.verdict(defects, good_runs() if runs is None else runs, clean or clean_run(), NEEDS,
+                          has_cuda, complete)
+
+
+def test_all_red_where_named_and_green_on_the_clean_tree_passes_and_cuda_is_skipped_not_failed():
+    v = judge()
+    assert v.exit_status == 0, v.problems
+    assert v.proven == {"lossless": ["resample-from-p"], "combine": ["stale-drafts"],
+                        "emit-count": ["stale-drafts", "prefill-proposes-nothing"], "no-sync": []}
+    assert any("no-sync needs CUDA" in n for n in v.notes)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda r: r["stale-drafts"].gates["combine"].update(status=GREEN), "stale-drafts: gate combine is green, expected red"),
+    (lambda r: r["stale-drafts"].gates["combine"].update(status=matrix.ERROR), "gate combine is error, expected red"),
+    (lambda r: r["stale-drafts"].gates.pop("combine"), "gate combine is not run, expected red"),
+    (lambda r: r.update({"stale-drafts": TreeRun("stale-drafts", STALE, detail="hunk 1 matches nowhere")}),
+     "stale-drafts: stale, the patch no longer applies (hunk 1 matches nowhere); re-seed it"),
+    (lambda r: r.update({"stale-drafts": TreeRun("stale-drafts", TIMEOUT)}), "stale-drafts: timeout"),
+    (lambda r: r["prefill-proposes-nothing"].gates["lossless"].update(status=RED),
+     "prefill-proposes-nothing: claimed token-invisible, but lossless is red"),
+    (lambda r: r.pop("resample-from-p"), "resample-from-p: not run"),
+])
+def test_a_broken_expectation_fails(change, problem):
+    runs = good_runs()
+    change(runs)
+    v = judge(runs)
+    assert v.exit_status == 1
+    assert any(problem in p for p in v.problems), v.problems
+
+
+def test_a_red_gate_on_the_clean_tree_fails():
+    v = judge(clean=clean_run(emit_count=RED))
+    assert v.exit_status == 1 and any(p.startswith(f"{CLEAN}: gate emit-count is red") for p in v.problems)
+
+
+def test_a_cpu_gate_proven_against_no_defect_fails_unless_only_some_defects_were_asked_for():
+    defects = FAKE[1:]  # nothing names combine any more
+    runs = {k: v for k, v in good_runs().items() if k != "stale-drafts"}
+    assert "gate combine (cpu) is proven against no defect" in judge(runs, defects=defects).problems
+    assert judge(runs, defects=defects, complete=False).exit_status == 0
+
+
+def test_with_cuda_a_cuda_gate_must_be_red_and_proven():
+    runs = good_runs()
+    runs["host-sync-in-device-step"] = ran("host-sync-in-device-step", lossless=GREEN, no_sync=GREEN)
+    v = judge(runs, clean=clean_run(no_sync=GREEN), has_cuda=True)
+    assert "host-sync-in-device-step: gate no-sync is green, expected red" in v.problems
+    assert "gate no-sync (cuda) is proven against no defect" in v.problems
+    runs["host-sync-in-device-step"].gates["no-sync"]["status"] = RED
+    assert judge(runs, clean=clean_run(no_sync=GREEN), has_cuda=True).exit_status == 0
+
+
+def test_a_token_changing_defect_lossless_missed_is_noted_not_failed():
+    defects = FAKE + (Defect("padding-writes-a-real-slot", "x", ("combine",)),)
+    runs = {**good_runs(), "padding-writes-a-real-slot": ran("padding-writes-a-real-slot", lossless=GREEN, combine=RED)}
+    v = judge(runs, defects=defects)
+    assert v.exit_status == 0 and any(n.startswith("padding-writes-a-real-slot: lossless stayed green") for n in v.notes)
+
+
+def test_the_matrix_marks_expected_cells_and_broken_ones():
+    runs = good_runs()
+    runs["stale-drafts"].gates["combine"]["status"] = GREEN
+    v = judge(runs)
+    table = {r[0]: dict(zip(matrix.rows(FAKE, runs, clean_run(), NEEDS, False, v)[0], r))
+             for r in matrix.rows(FAKE, runs, clean_run(), NEEDS, False, v)[1:]}
+    assert table["stale-drafts"]["combine"] == "● green ✗" and table["stale-drafts"]["run"] == "FAILED"
+    assert table["stale-drafts"]["emit-count"] == "● red" and table["stale-drafts"]["lossless"] == "red"
+    assert table["prefill-proposes-nothing"]["lossless"] == "○ green"
+    assert table["host-sync-in-device-step"]["run"] == "skipped (needs CUDA)"
+    assert table[CLEAN]["no-sync"] == "skipped" and table[CLEAN]["run"] == "ok"
+    md = matrix.markdown(FAKE, runs, clean_run(), NEEDS, False, v, {"wall_s": 1.0, "jobs": 2, "device": "cpu"})
+    assert "| `stale-drafts` |" in md and "**FAIL**" in md and matrix.LEGEND in md
+
+
+# ---- the driver, with a stand-in for the gate runs -------------------------------------------------
+FAKE_GATES = textwrap.dedent("""\
+    import json, pathlib, sys, time
+    names, out = sys.argv[1].split(","), sys.argv[2]
+    source = pathlib.Path("engine/x.py").read_text()
+    if "SLEEP" in source:
+        time.sleep(60)
+    status = {"combine": "red" if "a + 2" in source else "green", "lossless": "green"}
+    pathlib.Path(out).write_text(json.dumps({"gates": [{"name": n, "status": status[n], "reason": ""} for n in names]}))
+    """)
+
+
+@pytest.fixture
+def fake_repo(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    for package in ("engine", "gates", "mutants", "fixtures"):
+        (repo / package).mkdir(parents=True)
+        (repo / package / "__init__.py").write_text("")
+    (repo / "engine" / "x.py").write_text("def f(a):\n    return a + 1\n# end\n")
+    (repo / "fake_gates.py").write_text(FAKE_GATES)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "off-by-one.diff").write_text(PATCH)
+    (patches / "sleeps.diff").write_text(PATCH.replace("+    return a + 2", "+    return a + 1  # SLEEP"))
+    monkeypatch.setattr(catalogue, "PATCHES", patches)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    return repo
+
+
+def fake_command(names, json_path, device):
+    return [sys.executable, "fake_gates.py", ",".join(names), str(json_path)]
+
+
+def test_prove_plants_each_defect_in_a_copy_runs_in_parallel_and_cleans_up(fake_repo, tmp_path):
+    before = {p: p.read_bytes() for p in fake_repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+    defects = [Defect("off-by-one", "x", ("combine",), token_invisible=True)]
+    v, runs, clean, *_ = prove(defects, jobs=2, repo=fake_repo, cuda=False, progress=False,
+                               command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
+    assert v.exit_status == 1 and v.problems == ["gate lossless (cpu) is proven against no defect"]
+    assert runs["off-by-one"].gates == {"lossless": {"status": "green", "reason": ""},
+                                       "combine": {"status": "red", "reason": ""}}
+    assert clean.cell("combine") == GREEN and clean.cell("lossless") == GREEN
+    assert {p: p.read_bytes() for p in fake_repo.rglob("*") if p.is_file() and ".git" not in p.parts} == before
+    assert list((tmp_path / "tmp").iterdir()) == []  # every temporary folder removed
+
+
+def test_a_tree_that_outlives_its_timeout_fails_and_is_ended(fake_repo, tmp_path):
+    defects = [Defect("sleeps", "x", ("combine",))]
+    v, runs, *_ = prove(defects, jobs=2, repo=fake_repo, cuda=False, progress=False, timeout_s=2,
+                        command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"}, complete=False)
+    assert runs["sleeps"].status == TIMEOUT and "sleeps: timeout" in v.problems
+    assert runs["sleeps"].seconds < 30
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_prove_command_line():
+    import argparse
+    ap = argparse.ArgumentParser()
+    add_prove_parser(ap.add_subparsers(dest="command"))
+    args = ap.parse_args(["prove", "stale-drafts", "--json", "m.json", "--markdown", "m.md", "--full", "--jobs", "3"])
+    assert (args.defects, args.json, args.markdown, args.full, args.jobs) == (["stale-drafts"], "m.json", "m.md", True, 3)
+    assert ap.parse_args(["prove"]).jobs == 2
+    assert args.func(ap.parse_args(["prove", "no-such-defect"])) == 2
+
+
+def test_the_report_is_json():
+    v = judge()
+    report = matrix.report(FAKE, good_runs(), clean_run(), NEEDS, False, v, {"wall_s": 1.0})
+    again = json.loads(json.dumps(report))
+    assert again["exit_status"] == 0 and [d["name"] for d in again["defects"]] == [d.name for d in FAKE]

@@ -123,6 +123,7 @@ def report(legs: list[Leg], workload: Workload, meta: dict) -> dict:
 def plot(legs: list[Leg], path: str | Path, title: str) -> None:
     """τ and tokens/s per leg, one line per concurrency, so a collapse over a run shows."""
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_tau, ax_tps) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
@@ -137,6 +138,7 @@ def plot(legs: list[Leg], path: str | Path, title: str) -> None:
     ax_tau.set_ylabel("τ (1 + accepted/drafts)")
     ax_tps.set_ylabel("output tokens/s")
     ax_tps.set_xlabel("leg")
+    ax_tps.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax_tau.legend()
     ax_tau.set_title(title)
     fig.tight_layout()

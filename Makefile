@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test gates gate gates-deep fixtures bench-cpu clean
+.PHONY: venv test prove gates gate gates-deep fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -19,6 +19,12 @@ $(STAMP):
 
 test: venv
 	$(PY) -m pytest tests
+	$(MAKE) prove
+
+# Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.
+prove: venv
+	@mkdir -p reports
+	$(VENV)/bin/specgate prove --json reports/prove.json --markdown reports/prove.md
 
 gates: venv
 	@mkdir -p reports

@@ -139,6 +139,33 @@ def test_stale_check_reports_a_defect_whose_code_moved(tmp_path):
     assert set(stale) == {defect.name} and "matches nowhere" in stale[defect.name]
 
 
+def test_hunks_are_read_by_their_line_counts_across_files():
+    """git's multi-file form (diff/index headers), and a removed line that itself starts with
+    '--' (it must not be taken for a file header)."""
+    text = textwrap.dedent("""\
+        diff --git a/engine/a.py b/engine/a.py
+        index 1111111..2222222 100644
+        --- a/engine/a.py
+        +++ b/engine/a.py
+        @@ -1,2 +1,2 @@
+        --- a comment that starts with dashes
+        +-- another
+         x = 1
+        diff --git a/engine/b.py b/engine/b.py
+        --- a/engine/b.py
+        +++ b/engine/b.py
+        @@ -3 +3 @@
+        -y = 2
+        +y = 3
+        """)
+    hunks = parse_patch(text)
+    assert [(h.path, h.old, h.new) for h in hunks] == [
+        ("engine/a.py", ["-- a comment that starts with dashes\n", "x = 1\n"], ["-- another\n", "x = 1\n"]),
+        ("engine/b.py", ["y = 2\n"], ["y = 3\n"])]
+    with pytest.raises(ValueError, match="ends early"):
+        parse_patch(text.replace("+y = 3\n", ""))
+
+
 def test_a_patch_cannot_write_outside_the_tree(tmp_path):
     escaping = PATCH.replace("b/engine/x.py", "b/../x.py")
     (tmp_path / "tree").mkdir()
@@ -305,8 +332,7 @@ def test_prove_plants_each_defect_in_a_copy_runs_in_parallel_and_cleans_up(fake_
     v, runs, clean, *_ = prove(defects, jobs=2, repo=fake_repo, cuda=False, progress=False,
                                command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
     assert v.exit_status == 1 and v.problems == ["gate lossless (cpu) is proven against no defect"]
-    assert runs["off-by-one"].gates == {"lossless": {"status": "green", "reason": ""},
-                                       "combine": {"status": "red", "reason": ""}}
+    assert {g: r["status"] for g, r in runs["off-by-one"].gates.items()} == {"lossless": GREEN, "combine": RED}
     assert clean.cell("combine") == GREEN and clean.cell("lossless") == GREEN
     assert {p: p.read_bytes() for p in fake_repo.rglob("*") if p.is_file() and ".git" not in p.parts} == before
     assert list((tmp_path / "tmp").iterdir()) == []  # every temporary folder removed
@@ -319,6 +345,25 @@ def test_a_tree_that_outlives_its_timeout_fails_and_is_ended(fake_repo, tmp_path
     assert runs["sleeps"].status == TIMEOUT and "sleeps: timeout" in v.problems
     assert runs["sleeps"].seconds < 30
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_defect_runs_its_gates_plus_lossless_when_it_claims_every_token_unchanged():
+    from mutants.prove import gates_for
+    order = [g.name for g in registry.GATES]
+    assert gates_for(Defect("d", "x", ("emit-count", "combine")), order, full=False) == ["combine", "emit-count"]
+    assert gates_for(Defect("d", "x", ("emit-count",), token_invisible=True), order, False) == ["lossless", "emit-count"]
+    assert gates_for(Defect("d", "x", ("emit-count",)), order, full=True) == order
+
+
+def test_gate_seconds_add_up_over_the_trees_slowest_first():
+    runs = good_runs()
+    runs["stale-drafts"].gates["combine"]["seconds"] = 3.0
+    runs["resample-from-p"].gates["lossless"]["seconds"] = 40.0
+    clean = clean_run()
+    clean.gates["lossless"]["seconds"] = 39.0
+    times = matrix.gate_seconds(runs, clean)
+    assert list(times)[0] == "lossless" and times["lossless"] == {"runs": 4, "seconds": 79.0}
+    assert "no-sync" not in times  # skipped everywhere
 
 
 def test_prove_command_line():

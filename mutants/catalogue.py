@@ -1,0 +1,140 @@
+"""The catalogue of seeded defects: each a small patch to the engine (mutants/patches/<name>.diff),
+the real-world failure it models, and the gates that must go red on it.
+
+`token_invisible` claims the defect leaves every output token unchanged, greedy and seeded
+sampled alike (lossless verify hides it): `specgate prove` runs the lossless gate on every
+defect and fails when such a defect turns it red, so the claim is checked, not assumed.
+`needs="cuda"` marks a defect only a GPU can show (a host sync, a graph capture): on a machine
+without CUDA it is listed and reported skipped.
+
+gates/registry.py reads DEFECTS (`name`, `gates`) to say which defects each gate is proven
+against. Add a defect: see mutants/README.md.
+"""
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PATCHES = Path(__file__).resolve().parent / "patches"
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str                  # kebab-case; its patch is patches/<name>.diff
+    models: str                # the real failure it stands for, in a sentence or two
+    gates: tuple[str, ...]     # gates that must go red on it
+    token_invisible: bool = False
+    needs: str = "cpu"         # "cuda": only observable on a GPU
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):
+            raise ValueError(f"defect name {self.name!r} is not kebab-case")
+        if self.needs not in ("cpu", "cuda"):
+            raise ValueError(f"defect {self.name}: needs must be 'cpu' or 'cuda', got {self.needs!r}")
+        if not self.gates:
+            raise ValueError(f"defect {self.name} names no gate")
+
+    @property
+    def patch(self) -> Path:
+        return PATCHES / f"{self.name}.diff"
+
+
+DEFECTS = (
+    # ---- the logits window (reason A), once per arm ----------------------------------------------
+    Defect("reason-a-eager-arm",
+           "Reason A in the eager arm: cu_num_logits is not passed, so each row's gather falls back to "
+           "query_end - 1, the last draft slot of a verify step (the A2-3 regression, re-armed from one arm).",
+           ("reason-a", "emit-count", "lossless")),
+    Defect("reason-a-graph-arm",
+           "Reason A in the graph arm only: the padded bucket is planned with one logit per row, so the "
+           "gather reads query_end - 1 in every replayed step while the eager arm stays right.",
+           ("reason-a", "emit-count")),
+    # ---- what the async combine feeds ------------------------------------------------------------
+    Defect("predicate-split-first-row",
+           "Predicate split: the device-fed decision is taken per step from the first request, not per "
+           "request, so a refused request (prefill, resumed, host history) sharing a step with device-fed "
+           "ones is fed stale device ids (the num_reqs == 1 blind spot, #2710).",
+           ("predicate-split", "combine", "emit-count")),
+    Defect("stale-drafts",
+           "Stale drafts: device-fed rows combine and verify drafts from a snapshot taken before the last "
+           "propose wrote the buffer, one step old (and another request's on a reused slot); vLLM's "
+           "acceptance near 1% under async.",
+           ("combine", "emit-count")),
+    Defect("prefill-proposes-nothing",
+           "The first verify step proposes nothing: after a prefill (or a resume) the drafter's num_draft is "
+           "zeroed, so each request's first verify step carries no drafts (#2920: the async decode arm never "
+           "proposed).",
+           ("emit-count",), token_invisible=True),
+    Defect("drafts-by-batch-row",
+           "Batch rows moved without the device rows: propose writes drafts by batch row instead of state "
+           "slot, so after a finish or an admission a request verifies another request's drafts (races "
+           "between copies and row moves, bugs only at batch size > 1).",
+           ("emit-count", "combine")),
+    Defect("positions-advance-by-k",
+           "Device positions advance by k + 1 instead of num_accepted + 1: the scheduler's assumption that "
+           "every draft is accepted is never corrected on the device (vLLM's corrected token counts, "
+           "SGLang's lengths + accept length).",
+           ("lossless", "combine", "emit-count")),
+    Defect("padding-writes-a-real-slot",
+           "The graph arm's padding rows write the last real state slot instead of a padding slot, so a "
+           "request in that slot has its committed ids and length overwritten by padding.",
+           ("combine", "emit-count")),
+    Defect("kv-lookahead-ignores-in-flight-step",
+           "KV reserved for this step's drafts only, not for the step still in flight: the async runner "
+           "writes up to k + 1 positions past the blocks the host reserved (SGLang over-allocates one step "
+           "for this reason).",
+           ("lossless", "combine")),
+    # ---- host write-back ---------------------------------------------------------------------------
+    Defect("committed-ids-dropped-on-preemption",
+           "Committed ids not written back on one branch: results of a step in flight when its request was "
+           "preempted are dropped, so the host's ids go stale and the resume recomputes them (counters and "
+           "outputs in flight across preemption).",
+           ("emit-count",), token_invisible=True),
+    Defect("emit-past-finish",
+           "Finishing detected one step late is not guarded: the host applies the step the async runner "
+           "launched past a request's end, emitting tokens past max_tokens or EOS.",
+           ("lossless", "emit-count")),
+    # ---- counting acceptance ---------------------------------------------------------------------
+    Defect("denominator-counts-k",
+           "An acceptance denominator inflated by padded drafts: stats count the k slots scheduled instead "
+           "of num_draft (a drafter that trimmed drafts while the scheduler still counted them).",
+           ("emit-count", "acceptance"), token_invisible=True),
+    Defect("fold-acceptance-over-every-leg",
+           "The warm-leg predicate applied to one axis only: throughput folds the warm legs, acceptance "
+           "folds every leg, so the two axes describe different populations (the DFlash2 gap that could "
+           "not be attributed).",
+           ("acceptance",), token_invisible=True),
+    Defect("veto-ignores-env",
+           "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
+           "speculative decoding, so an A/B labelled async measures sync against sync.",
+           ("speed-ab",), token_invisible=True),
+    # ---- drafting and verifying --------------------------------------------------------------------
+    Defect("ngram-continuation-off-by-one",
+           "The ngram proposer is off by one: the continuation starts at the match's last token, so every "
+           "draft is shifted and mostly rejected; only acceptance moves.",
+           ("emit-count",), token_invisible=True),
+    Defect("resample-from-p",
+           "A lossy acceptance rule: at the first rejection the token is resampled from p instead of "
+           "norm(max(0, p - q)), over-weighting the rejected draft (greedy output unchanged).",
+           ("lossless",)),
+    # ---- only a GPU shows these ------------------------------------------------------------------
+    Defect("host-sync-in-device-step",
+           "A host synchronisation slipped into the async step: the logits count is read back from the "
+           "device (.item()) instead of taken from the host plan, so the host waits on every step.",
+           ("no-sync",), needs="cuda"),
+    Defect("graph-warmup-on-real-batch",
+           "Graph capture warm-up on real inputs: the first step of each bucket runs twice (warm-up, then "
+           "replay), and device-fed rows advance their state twice.",
+           ("combine", "emit-count"), needs="cuda"),
+    Defect("blocking-result-download",
+           "Results downloaded with a blocking copy: the host waits for every step before launching the "
+           "next, so the async runner overlaps nothing.",
+           ("busy",), needs="cuda"),
+)
+
+
+def by_name(names: list[str] | None = None) -> list[Defect]:
+    known = {d.name: d for d in DEFECTS}
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise KeyError(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names] if names else list(DEFECTS)

@@ -101,17 +101,17 @@ class Prover:
 
     @staticmethod
     def _end(proc: subprocess.Popen) -> None:
-        """End the process group this prover started for one gate run (its pytest child included)."""
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        """End the process group this prover started for one gate run (its pytest child included):
+        SIGTERM, a few seconds' grace, then SIGKILL for whatever of the group is left."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 return
             try:
-                proc.wait(timeout=wait)
-                return
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                continue
+                pass
 
     def stop(self) -> None:
         self._stopping.set()
@@ -269,9 +269,14 @@ def cmd_prove(args) -> int:
     if args.jobs < 1:
         print("specgate: error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    with ending_on_signals():
-        v, runs, clean, gate_needs, cuda, wall = prove(defects, args.jobs, args.full, args.device, args.timeout,
-                                                       complete=not args.defects)
+    try:
+        with ending_on_signals():
+            v, runs, clean, gate_needs, cuda, wall = prove(defects, args.jobs, args.full, args.device,
+                                                           args.timeout, complete=not args.defects)
+    except KeyboardInterrupt:
+        print("specgate: prove interrupted; its gate runs were ended and its temporary folder removed",
+              file=sys.stderr)
+        return 130
     flags = "".join(f" {f}" for f in (" ".join(args.defects), "--full" if args.full else "") if f)
     meta = {"args": flags, "wall_s": round(wall, 1), "jobs": args.jobs, "full": args.full,
             "device": args.device, "complete": not args.defects}

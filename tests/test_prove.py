@@ -366,6 +366,18 @@ def test_gate_seconds_add_up_over_the_trees_slowest_first():
     assert "no-sync" not in times  # skipped everywhere
 
 
+def test_sigterm_ends_prove_like_ctrl_c():
+    import os
+    import signal
+    from mutants.prove import ending_on_signals
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with ending_on_signals():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+            pytest.fail("SIGTERM did not interrupt")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_prove_command_line():
     import argparse
     ap = argparse.ArgumentParser()

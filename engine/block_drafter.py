@@ -175,7 +175,8 @@ def load_drafter(drafter_dir: str | os.PathLike, target_config: ModelConfig) -> 
     drafter_dir = Path(drafter_dir)
     cfg = DrafterConfig.from_dir(drafter_dir)
     cfg.check_target(target_config, str(drafter_dir / "config.json"))
-    model = DFlashDraftModel(cfg)
+    with torch.device("cpu"):  # built on the host whatever the default device, then moved
+        model = DFlashDraftModel(cfg)
     load_weights(model, read_state_dict(drafter_dir), str(drafter_dir / WEIGHTS_FILE))
     return model.eval()
 

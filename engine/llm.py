@@ -122,6 +122,12 @@ class LLM:
             self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
         batch = self.scheduler.schedule()
+        if (self.scheduler.has_unfinished() and not (batch.requests or batch.preempted or self._in_flight)
+                and not self.scheduler.arrives_later(batch.step)):
+            # The scheduler is deterministic: the next step would see the same state and also
+            # schedule nothing, forever.
+            raise RuntimeError(f"engine stalled at step {batch.step}: {len(self.scheduler.running)} running and "
+                               f"{len(self.scheduler.waiting)} waiting requests, none schedulable (a scheduler bug)")
         launched = None
         if batch.requests:
             plan = self.runner.plan_step(batch, self.scheduler.spec_width, self.is_async, self.config.graph)
@@ -193,8 +199,7 @@ class LLM:
             s.num_drafts += 1
             s.num_draft_tokens += num_draft
             s.num_accepted_tokens += num_accepted
-            while len(s.accepted_per_position) < num_draft:
-                s.accepted_per_position.append(0)
+            s.accepted_per_position += [0] * (num_draft - len(s.accepted_per_position))
             for j in range(num_accepted):
                 s.accepted_per_position[j] += 1
 

@@ -46,7 +46,8 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
                dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     cfg = ModelConfig.from_dir(model_dir)
     state = read_state_dict(model_dir)
-    model = LlamaForCausalLM(cfg)
+    with torch.device("cpu"):  # built on the host whatever the default device, then moved
+        model = LlamaForCausalLM(cfg)
     optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_weights(model, state, str(Path(model_dir) / WEIGHTS_FILE), optional)
     return model.to(device=device, dtype=dtype).eval()

@@ -166,7 +166,7 @@ class ModelRunner:
 
     def _upload(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         def tensor(values, dtype=torch.long):
-            t = torch.tensor(values, dtype=dtype, pin_memory=self.is_cuda)
+            t = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=self.is_cuda)  # host staging
             return t.to(self.device, non_blocking=True)
         return dict(slots=tensor(plan.slots), query_lens=tensor(plan.query_lens),
                     spec_width=tensor(plan.spec_width), num_logits=tensor(plan.num_logits),
@@ -290,11 +290,7 @@ TRACED_INPUTS = ("input_ids", "positions", "seq_lens", "query_start_loc", "cu_nu
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """Batch sizes a graph is captured for: powers of two up to max_num_seqs, and it."""
-    buckets, b = [], 1
-    while b < max_num_seqs:
-        buckets.append(b)
-        b *= 2
-    return buckets + [max_num_seqs]
+    return [1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs] + [max_num_seqs]
 
 
 def build_logits_indices(query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,

@@ -117,7 +117,7 @@ def request_key(seed: int | None, fallback: torch.Generator) -> int:
     1 and 2**32 + 1 gave the same stream."""
     if seed is not None:
         return _splitmix64(seed) >> 2
-    return int(torch.randint(0, 1 << 62, (1,), generator=fallback).item())
+    return int(torch.randint(0, 1 << 62, (1,), generator=fallback, device=fallback.device).item())
 
 
 def _splitmix64(x: int) -> int:

@@ -40,6 +40,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def arrives_later(self, step: int) -> bool:
+        """Whether a waiting request arrives after `step`."""
+        return any(r.arrival_step > step for r in self.waiting)
+
     def query_len(self, req: Request) -> int:
         return req.num_tokens if req.needs_prefill else 1 + self.spec_width(req)
 

@@ -242,3 +242,22 @@ def test_bfloat16_batch_runs_and_writes_printable_text():
     outs = engine(dtype="bfloat16", max_num_seqs=3).generate(PROMPTS, greedy(16, ignore_eos=True))
     assert all(len(o.token_ids) == 16 for o in outs)
     assert all(is_printable_code(o.text) for o in outs)
+
+
+def test_a_scheduler_that_schedules_nothing_raises_instead_of_spinning(monkeypatch):
+    llm = LLM(TARGET_DIR, max_model_len=128)
+    monkeypatch.setattr(llm.scheduler, "query_len", lambda req: llm.config.max_num_batched_tokens + 1)
+    with pytest.raises(RuntimeError, match="engine stalled at step 0: 0 running and 2 waiting"):
+        llm.generate(["def main(", "import os"], SamplingParams(max_tokens=4))
+
+
+def test_a_late_arrival_is_waited_for_not_a_stall():
+    llm = LLM(TARGET_DIR, max_model_len=128)
+    out = llm.generate(["def main("], SamplingParams(max_tokens=3), arrival_steps=[5])
+    assert len(out[0].token_ids) == 3 and llm.scheduler.step > 5
+
+
+def test_graph_buckets_are_powers_of_two_below_the_batch_then_the_batch():
+    from engine.runner import graph_buckets
+    assert [graph_buckets(n) for n in (1, 2, 3, 4, 6, 8)] == [[1], [1, 2], [1, 2, 3], [1, 2, 4], [1, 2, 4, 6],
+                                                               [1, 2, 4, 8]]

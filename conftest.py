@@ -3,7 +3,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 # One torch thread: deterministic on 2 cores, and safe when mutmut forks a child per mutant.
 torch.set_num_threads(1)
@@ -11,6 +11,11 @@ torch.set_num_threads(1)
 settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("deep", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# Mutation runs (`specgate mutate`): a surviving mutant pays for every covering example, and a
+# killed one should fail at its first; no shrinking, no example database in forked children.
+settings.register_profile("mutation", max_examples=2, deadline=None, derandomize=True, database=None,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate],
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

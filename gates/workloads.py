@@ -33,9 +33,15 @@ MAX_TOKENS = 40
 def gate_settings(ci_examples: int) -> settings:
     """`ci_examples` under the ci profile, and no shrinking: a red gate reports the first
     failing example at once (each example is whole engine runs, and a seeded-defect run pays
-    for every one). The deep profile's larger count, with shrinking, under deep."""
-    if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
-        return settings(max_examples=ci_examples, phases=tuple(p for p in Phase if p is not Phase.shrink))
+    for every one). The deep profile's larger count, with shrinking, under deep; the mutation
+    profile's smaller count under mutation (every surviving mutant pays for each example)."""
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    no_shrink = tuple(p for p in Phase if p is not Phase.shrink)
+    if profile == "ci":
+        return settings(max_examples=ci_examples, phases=no_shrink)
+    if profile == "mutation":
+        return settings(max_examples=min(ci_examples, settings.get_profile("mutation").max_examples),
+                        phases=no_shrink)
     return settings(max_examples=max(ci_examples, settings.get_profile("deep").max_examples))
 
 

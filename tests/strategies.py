@@ -1,11 +1,21 @@
 """Hypothesis strategies for batch compositions: several requests, mixed prompt lengths,
 arrival steps and max_tokens. `None` for an argument means "let Hypothesis choose"."""
+import os
 from dataclasses import dataclass
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from gates.workloads import MAX_TOKENS
 from gates.workloads import PROMPTS as PROMPT_POOL
+
+
+def examples(n: int) -> settings:
+    """n examples per test; under the mutation profile at most its bound, because a surviving
+    mutant pays for every example of every test that covers it."""
+    if os.environ.get("HYPOTHESIS_PROFILE") == "mutation":
+        n = min(n, settings.get_profile("mutation").max_examples)
+    return settings(max_examples=n)
 
 
 @dataclass

@@ -3,14 +3,14 @@ emit counts (num_accepted + 1) and the same device inputs, for both drafters, k 
 1 to 8 requests with mixed lengths, arrivals, finishes, preemptions and logits-processor
 requests, in both arms. Each test asserts that the mix it claims to cover occurred."""
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import SamplingParams
 from engine.runner import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import first_difference, verify_steps
 from gates.workloads import no_immediate_repeat
-from strategies import batches
+from strategies import batches, examples
 
 
 def run(make_llm, batch, processor_mask, **kwargs):
@@ -41,7 +41,7 @@ def compare_runs(sync, async_):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", ["ngram", "block"])
 @given(batch=batches(min_reqs=2), k=st.integers(1, 6), data=st.data())
-@settings(max_examples=5)
+@examples(5)
 def test_async_equals_sync_step_by_step(make_llm, drafter, graph, batch, k, data):
     processor_mask = data.draw(st.lists(st.booleans(), min_size=batch.num_reqs, max_size=batch.num_reqs))
     batch.max_tokens = [max(m, 8) for m in batch.max_tokens]  # leave room for verify steps

@@ -152,6 +152,7 @@ def harness_run(tmp_path_factory):
     return result, json.loads(json_path.read_text()), ET.parse(junit_path)
 
 
+@pytest.mark.slow
 def test_json_report_gives_status_cases_and_evidence(harness_run):
     result, written, _ = harness_run
     assert written == json.loads(json.dumps(result, default=str))
@@ -176,6 +177,7 @@ def test_json_report_gives_status_cases_and_evidence(harness_run):
                           "cases", "evidence", "measurements", "claims", "tests", "seconds"}
 
 
+@pytest.mark.slow
 def test_junit_report_is_well_formed_with_one_suite_per_gate(harness_run):
     result, _, tree = harness_run
     root = tree.getroot()

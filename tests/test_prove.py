@@ -20,6 +20,9 @@ from mutants.catalogue import DEFECTS, Defect
 from mutants.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
 from mutants.prove import add_prove_parser, prove, stale_check
 
+# Each runs whole gate sessions in subprocesses: left out of mutation runs.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -5,11 +5,11 @@ max_tokens, with and without preemption. Each test asserts that what it claims t
 happened (several requests in a step, drafts accepted, a preemption).
 """
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from strategies import MAX_TOKENS, PROMPT_POOL, batches
+from strategies import MAX_TOKENS, PROMPT_POOL, batches, examples
 
 DRAFTERS = ["ngram", "block"]
 
@@ -33,7 +33,7 @@ def assert_matches_plain(outs, batch, reference):
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @given(batch=batches(), k=st.integers(1, 6))
-@settings(max_examples=8)
+@examples(8)
 def test_greedy_spec_equals_plain(make_llm, plain_reference, drafter, batch, k):
     llm = make_llm(spec=drafter, num_spec_tokens=k, trace=True, max_num_seqs=4)
     outs = run_batch(llm, batch)
@@ -44,7 +44,7 @@ def test_greedy_spec_equals_plain(make_llm, plain_reference, drafter, batch, k):
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @given(batch=batches(min_reqs=3, max_reqs=6, long_prompts=True), k=st.integers(1, 6))
-@settings(max_examples=5)
+@examples(5)
 def test_greedy_spec_equals_plain_under_preemption(make_llm, plain_reference, drafter, batch, k):
     llm = make_llm(spec=drafter, num_spec_tokens=k, max_num_seqs=6, num_kv_blocks=18,
                    max_model_len=256)

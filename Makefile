@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test prove gates gate gates-deep fixtures bench-cpu clean
+.PHONY: venv test prove gates gate gates-deep mutate fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -38,6 +38,11 @@ gate: venv
 gates-deep: venv
 	@mkdir -p reports
 	$(VENV)/bin/specgate gates run --deep --json reports/gates-deep.json --junit reports/gates-deep.xml
+
+# Mutation run: mutmut over engine/ (staged in build/mutmut/); SINCE=<rev> mutates only the
+# functions changed since that revision. Reports in reports/mutation/.
+mutate: venv
+	$(VENV)/bin/specgate mutate --report reports/mutation $(if $(SINCE),--since $(SINCE))
 
 fixtures: venv
 	$(PY) -m fixtures.train_target --out fixtures/target

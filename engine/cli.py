@@ -96,9 +96,11 @@ def main(argv=None) -> int:
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
     from gates.cli import add_gates_parser
+    from mutants.mutate import add_mutate_parser
     from mutants.prove import add_prove_parser
     add_gates_parser(sub)
     add_prove_parser(sub)
+    add_mutate_parser(sub)
     args = ap.parse_args(argv)
     if "OMP_NUM_THREADS" not in os.environ:
         # The fixture models are tiny: one thread beats several that spin on small kernels

@@ -1,0 +1,223 @@
+"""`specgate mutate`: staging never touches our mutants/, --since finds the changed functions,
+timeouts are run failures, the ratchet only rises, reviewed equivalents go stale loudly, and a
+real (tiny) mutmut run is read back into records."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mutants import mutate
+from mutants.mutation_report import MutantRecord, summarise
+
+REPO = Path(__file__).resolve().parent.parent
+
+DIFF = """--- engine/verify.py
++++ engine/verify.py
+@@ -1,3 +1,3 @@
+ def f(a, b):
+-    return a + b
++    return a - b"""
+
+
+def record(name="engine.verify.x_f__mutmut_1", status="survived", diff=DIFF, equivalent=None) -> MutantRecord:
+    return MutantRecord(name=name, path="engine/verify.py", function="f", status=status, diff=diff,
+                        equivalent=equivalent)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def engine_repo(tmp_path):
+    """A git repo with engine/calc.py: a function and a class with two methods, committed."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "calc.py").write_text(textwrap.dedent("""\
+        def add(a, b):
+            return a + b
+
+
+        class Box:
+            def __init__(self, x):
+                self.x = x
+
+            @property
+            def double(self):
+                return 2 * self.x
+        """))
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "calc")
+    return tmp_path
+
+
+def test_since_names_only_the_changed_function_and_method(engine_repo):
+    calc = engine_repo / "engine" / "calc.py"
+    assert mutate.changed_functions("HEAD", engine_repo) == []
+    calc.write_text(calc.read_text().replace("2 * self.x", "self.x + self.x"))
+    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁdouble__mutmut_*"]
+    calc.write_text(calc.read_text().replace("a + b", "b + a"))
+    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.x_add__mutmut_*",
+                                                             "engine.calc.xǁBoxǁdouble__mutmut_*"]
+
+
+def test_since_counts_a_deleted_line_and_a_new_file(engine_repo):
+    calc = engine_repo / "engine" / "calc.py"
+    calc.write_text(calc.read_text().replace("        self.x = x\n", "        pass\n        self.x = x\n"))
+    (engine_repo / "engine" / "more.py").write_text("def sub(a, b):\n    return a - b\n")
+    git(engine_repo, "add", "engine/more.py")
+    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁ__init____mutmut_*",
+                                                             "engine.more.x_sub__mutmut_*"]
+
+
+def test_since_refuses_an_unknown_revision(engine_repo):
+    with pytest.raises(ValueError, match="no-such-rev"):
+        mutate.changed_functions("no-such-rev", engine_repo)
+
+
+def test_function_spans_start_at_the_decorator():
+    spans = mutate.function_spans("class C:\n    x = 1\n\n    @staticmethod\n    def m():\n        return 1\n"
+                                  "\n\ndef f():\n    pass\n")
+    assert spans == [("xǁCǁm", 4, 6), ("x_f", 9, 10)]
+
+
+def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
+    staging = tmp_path / "build" / "mutmut"
+    (staging / "mutants" / "engine").mkdir(parents=True)
+    cached = staging / "mutants" / "engine" / "verify.py.meta"
+    cached.write_text("{}")
+    stale_test = staging / "mutants" / "tests" / "test_removed.py"
+    stale_test.parent.mkdir(parents=True)
+    stale_test.write_text("")
+    mutate.stage(staging)
+    assert (staging / "engine" / "runner.py").exists() and (staging / "mutation_plugin.py").exists()
+    assert (staging / "tests" / "test_engine.py").exists()
+    assert not any((staging / "tests" / t).exists() for t in mutate.UNSTAGED_TESTS)
+    assert cached.exists(), "mutmut's cache was removed"
+    assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
+    assert not (staging / "mutants" / "catalogue.py").exists()
+    config = tomllib.loads((staging / "pyproject.toml").read_text())["tool"]["mutmut"]
+    assert config["source_paths"] == ["engine"] and "mutants" not in config["also_copy"]
+    assert config["timeout_multiplier"] < 15, "mutmut's default lets a hung mutant hold a core for long"
+
+
+def test_staging_config_selects_existing_tests_and_deselects_real_ones():
+    for path in mutate.SUITE:
+        assert (REPO / path).exists(), path
+    for node in mutate.DESELECTED:
+        file, name = node.split("::")
+        assert f"def {name}(" in (REPO / file).read_text(), node
+
+
+def test_timeouts_and_unchecked_mutants_are_run_failures_never_kills():
+    summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2", status="timeout"),
+                         record(name="engine.verify.x_f__mutmut_3", status="not checked")])
+    assert summary["killed"] == 1
+    problems = mutate.ratchet(summary, baseline=None, complete=True, stale=[])
+    assert problems == ["1 timeout", "1 not checked"]
+
+
+def test_a_full_run_under_the_baseline_fails_and_at_it_passes():
+    summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
+    assert summary["test_strength"] == 0.5
+    assert mutate.ratchet(summary, 0.5, complete=True, stale=[]) == []
+    assert "under the baseline" in mutate.ratchet(summary, 0.6, complete=True, stale=[])[0]
+
+
+def test_a_since_run_fails_on_an_unexplained_survivor_only():
+    unexplained = summarise([record()])
+    explained = summarise([record(equivalent="same result for every input")])
+    assert "neither killed nor listed" in mutate.ratchet(unexplained, None, complete=False, stale=[])[0]
+    assert mutate.ratchet(explained, None, complete=False, stale=[]) == []
+
+
+def test_the_baseline_only_rises(tmp_path):
+    path = tmp_path / "baseline.json"
+    low = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
+    high = summarise([record(status="killed")])
+    assert "was none" in mutate.update_baseline(low, "abc", path)
+    assert mutate.load_baseline(path) == 0.5
+    assert "was 50.00%" in mutate.update_baseline(high, "def", path)
+    with pytest.raises(ValueError, match="only rises"):
+        mutate.update_baseline(low, "ghi", path)
+    assert json.loads(path.read_text())["commit"] == "def"
+
+
+def test_equivalents_need_a_reason_and_go_stale_when_the_mutant_changes(tmp_path):
+    path = tmp_path / "equivalent.toml"
+    path.write_text('[[mutant]]\nname = "engine.verify.x_f__mutmut_1"\nmutated = "return a - b"\n')
+    with pytest.raises(ValueError, match="reason"):
+        mutate.load_equivalents(path)
+    path.write_text(path.read_text() + 'reason = "b is always 0 here"\n')
+    eqs = mutate.load_equivalents(path)
+    assert mutate.stale_equivalents([record()], eqs, complete=True) == []
+    renumbered = record(diff=DIFF.replace("a - b", "a * b"))
+    killed = record(status="killed")
+    assert "now mutates `return a * b`" in mutate.stale_equivalents([renumbered], eqs, complete=True)[0]
+    assert "but it was killed" in mutate.stale_equivalents([killed], eqs, complete=True)[0]
+    assert "no such mutant" in mutate.stale_equivalents([], eqs, complete=True)[0]
+    assert mutate.stale_equivalents([], eqs, complete=False) == []
+
+
+def test_the_committed_equivalents_and_baseline_are_well_formed():
+    for eq in mutate.load_equivalents().values():
+        assert eq.name.startswith("engine.") and "__mutmut_" in eq.name and len(eq.reason) > 10
+    baseline = mutate.load_baseline()
+    assert baseline is None or 0 < baseline <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-children", "0"], "--max-children must be at least 1"),
+    (["--since", "no-such-rev"], "no-such-rev"),
+    (["--since", "HEAD", "--update-baseline"], "needs a full run"),
+])
+def test_bad_arguments_exit_2_with_a_clear_error(capsys, args, message):
+    from engine.cli import main
+    assert main(["mutate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path):
+    """mutmut 3.8 over a two-function package, from a staging folder: one function's mutants are
+    all killed by its test, the other has no test; the records and scores say so."""
+    staging = tmp_path / "staging"
+    (staging / "engine").mkdir(parents=True)
+    (staging / "tests").mkdir()
+    (staging / "engine" / "__init__.py").write_text("")
+    (staging / "engine" / "calc.py").write_text("def add(a, b):\n    return a + b\n\n\n"
+                                               "def scale(x):\n    return x * 3\n")
+    (staging / "tests" / "test_calc.py").write_text(
+        "from engine.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (staging / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["engine"]\n'
+                                            'pytest_add_cli_args_test_selection = ["tests"]\n')
+    rc = mutate.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
+    assert rc == 0, (tmp_path / "mutmut.log").read_text()[-2000:]
+    records = mutate.read_results([], {}, staging)
+    by_function = {}
+    for r in records:
+        by_function.setdefault(r.function, set()).add(r.status)
+    assert by_function == {"add": {"killed"}, "scale": {"no tests"}}
+    add = next(r for r in records if r.function == "add")
+    assert add.path == "engine/calc.py" and add.covered_by == ("tests/test_calc.py::test_add",)
+    assert add.diff.startswith("--- engine/calc.py") and "-    return a + b" in add.diff
+    summary = summarise(records)
+    assert summary["test_strength"] == 1.0 and summary["mutation_score"] < 1.0
+    assert not (REPO / "build" / "mutmut" / "mutants" / "calc.py").exists()
+
+
+def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
+    staging = tmp_path / "staging"
+    assert mutate.stage(staging) == 0
+    meta = staging / "mutants" / "engine" / "verify.py.meta"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None}}))
+    assert mutate.stage(staging) == 0, "an unchanged suite must keep the cache"
+    (staging / "suite.sha256").write_text("an older suite")
+    assert mutate.stage(staging) == 2
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
+                                                               "new": None}

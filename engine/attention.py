@@ -49,8 +49,8 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, num_slots, Hkv, D]. Returns [T, H, D]."""
-    kv_cache[0].index_copy_(0, meta.slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].index_copy_(0, meta.slot_mapping, v.to(kv_cache.dtype))
+    kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+    kv_cache[1].index_copy_(0, meta.slot_mapping, v)
     keys = kv_cache[0][meta.context_slots].transpose(1, 2)    # [R, Hkv, L, D]
     values = kv_cache[1][meta.context_slots].transpose(1, 2)
     num_reqs = meta.context_slots.shape[0]

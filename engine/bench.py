@@ -86,7 +86,7 @@ def fold(legs: list[Leg]) -> dict:
 
 def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: int) -> Leg:
     params = SamplingParams(temperature=workload.temperature, max_tokens=workload.max_tokens,
-                            seed=index if workload.temperature > 0 else None, ignore_eos=True)
+                            seed=index, ignore_eos=True)
     start = time.time()
     t0 = time.perf_counter()
     outs = llm.generate(workload.prompts, params)

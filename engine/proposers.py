@@ -31,6 +31,8 @@ class NgramProposer:
     aux_layers: tuple[int, ...] = ()
 
     def __init__(self, k: int, min_n: int = 1, max_n: int = 3):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.k, self.min_n, self.max_n = k, min_n, max_n
 
     def observe(self, *args, **kwargs) -> None:
@@ -49,7 +51,6 @@ class NgramProposer:
             windows = tokens.unfold(1, n, 1)                               # [R, L-n+1, n]
             start = torch.arange(windows.shape[1], device=tokens.device)
             hit = (windows == suffix[:, None, :]).all(-1) & (start + n < committed[:, None])
-            hit &= (committed >= n + 1)[:, None]
             earliest = torch.where(hit, start, length).amin(dim=1)
             continuation = torch.where(earliest < length, earliest + n, -1)
             best_start = torch.where(best_start >= 0, best_start, continuation)

@@ -70,7 +70,6 @@ class DeviceState:
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer):
-        self.cfg = cfg
         self.model = model
         self.proposer = proposer
         self.device = cfg.device
@@ -119,7 +118,7 @@ class ModelRunner:
             device_fed.append(fed)
             refusals.append(refusal if is_async else None)
             tables.append(req.block_ids + [self.sink_block] * (self.table_width - len(req.block_ids)))
-        max_context = max((len(r.block_ids) for r in batch.requests), default=1) * self.block_size
+        max_context = max(len(r.block_ids) for r in batch.requests) * self.block_size  # batches are never empty
         plan = StepPlan(batch.step, "eager", list(batch.requests), list(batch.is_prefill),
                         [r.slot for r in batch.requests], widths, query_lens, num_logits, ids,
                         positions, seq_lens, device_fed, refusals, tables, max_context)

@@ -6,11 +6,8 @@ from engine.loader import WEIGHTS_FILE
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, hashlib.sha256).hexdigest()
 
 
 def model_checksums(target_dir=None, drafter_dir=None, with_drafter: bool = False) -> dict:

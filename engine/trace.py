@@ -43,11 +43,10 @@ class StepTrace:
 
 def trace_step(plan: StepPlan, out: StepOutput, results: list[list[int]], is_async: bool) -> StepTrace:
     host = {name: t.tolist() for name, t in out.inputs.items()}
-    width = len(results[0]) - 2 if results else 0
     record = StepTrace(plan.step, f"{'async' if is_async else 'sync'}/{plan.arm}", plan.num_rows - len(plan.requests))
     qsl, cu = host["query_start_loc"], host["cu_num_logits"]
     for r, req in enumerate(plan.requests):
-        num_accepted, num_draft = results[r][width], results[r][width + 1]
+        num_accepted, num_draft = results[r][-2:]  # each row: sampled..., num_accepted, num_draft
         record.requests.append(RequestTrace(
             request_id=req.request_id, is_prefill=plan.is_prefill[r], device_fed=plan.device_fed[r],
             refusal=plan.refusals[r], input_ids=host["input_ids"][qsl[r]:qsl[r + 1]],

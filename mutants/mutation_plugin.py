@@ -1,6 +1,7 @@
-"""pytest plugin for mutation runs (`specgate mutate` loads it with -p): the fastest tests run
-first. mutmut stops a mutant's run at its first failing test (-x), so a killed mutant pays only
-for the tests before the one that kills it."""
+"""pytest plugin for mutation runs (`specgate mutate` loads it with -p): tests marked `bounded`
+run first, then the fastest. mutmut stops a mutant's run at its first failing test (-x), so a
+killed mutant pays only for the tests before the one that kills it, and a mutant that stops
+the engine loop from finishing fails a bounded test instead of hanging an unbounded one."""
 import json
 from pathlib import Path
 
@@ -11,4 +12,5 @@ def pytest_collection_modifyitems(session, config, items):
     if not stats.exists():
         return
     duration = json.loads(stats.read_text())["duration_by_test"]
-    items.sort(key=lambda item: duration.get(item.nodeid, float("inf")))
+    items.sort(key=lambda item: (item.get_closest_marker("bounded") is None,
+                                 duration.get(item.nodeid, float("inf"))))

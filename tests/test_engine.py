@@ -244,13 +244,6 @@ def test_bfloat16_batch_runs_and_writes_printable_text():
     assert all(is_printable_code(o.text) for o in outs)
 
 
-def test_a_scheduler_that_schedules_nothing_raises_instead_of_spinning(monkeypatch):
-    llm = LLM(TARGET_DIR, max_model_len=128)
-    monkeypatch.setattr(llm.scheduler, "query_len", lambda req: llm.config.max_num_batched_tokens + 1)
-    with pytest.raises(RuntimeError, match="engine stalled at step 0: 0 running and 2 waiting"):
-        llm.generate(["def main(", "import os"], SamplingParams(max_tokens=4))
-
-
 def test_a_late_arrival_is_waited_for_not_a_stall():
     llm = LLM(TARGET_DIR, max_model_len=128)
     out = llm.generate(["def main("], SamplingParams(max_tokens=3), arrival_steps=[5])

@@ -221,3 +221,28 @@ def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
     assert mutate.stage(staging) == 2
     assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
                                                                "new": None}
+
+
+def test_since_baseline_names_the_commit_of_the_last_full_run(tmp_path):
+    path = tmp_path / "baseline.json"
+    with pytest.raises(ValueError, match="no baseline.json yet"):
+        mutate.baseline_commit(path)
+    mutate.update_baseline(summarise([record(status="killed")]), "abc1234", path)
+    assert mutate.baseline_commit(path) == "abc1234"
+
+
+def test_the_plugin_runs_bounded_tests_first_then_the_fastest(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mutants import mutation_plugin
+
+    def item(nodeid, bounded=False):
+        return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: object() if bounded else None)
+    items = [item("slow"), item("fast"), item("unknown"), item("bounded-slow", True), item("bounded-fast", True)]
+    monkeypatch.chdir(tmp_path)
+    mutation_plugin.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items][0] == "slow", "without mutmut's stats the order is left alone"
+    (tmp_path / "mutmut-stats.json").write_text(json.dumps({"duration_by_test": {
+        "slow": 3.0, "fast": 0.1, "bounded-slow": 2.0, "bounded-fast": 0.5}}))
+    mutation_plugin.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == ["bounded-fast", "bounded-slow", "fast", "slow", "unknown"]

@@ -1,0 +1,130 @@
+"""`specgate bench` legs: what one leg runs and records (run_leg), which legs are warm (is_warm),
+and the per-concurrency summary over the warm legs (fold).
+
+run_leg is driven through a recording stand-in for LLM.generate and a fake clock, so every
+field of the Leg is exact; one small leg on the fixture model checks the real engine end to end."""
+import pytest
+
+from engine import bench
+from engine.bench import Leg, Workload, fold, is_warm, run_leg
+from engine.metrics import Acceptance
+from engine.outputs import RequestOutput
+from engine.request import RequestStats
+from engine.sampling import SamplingParams
+
+
+class FakeClock:
+    """time.time() is the wall start; LLM.generate advances perf_counter by `elapsed`."""
+
+    def __init__(self, wall: float, perf: float):
+        self.wall, self.perf = wall, perf
+
+    def time(self) -> float:
+        return self.wall
+
+    def perf_counter(self) -> float:
+        return self.perf
+
+
+class RecordingLLM:
+    def __init__(self, clock: FakeClock, elapsed: float, outputs: list[RequestOutput]):
+        self.clock, self.elapsed, self.outputs, self.calls = clock, elapsed, outputs, []
+
+    def generate(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        self.clock.perf += self.elapsed
+        return self.outputs
+
+
+def output(i: int, prompt_len: int, completion: int, stats: RequestStats) -> RequestOutput:
+    return RequestOutput(i, None, list(range(prompt_len)), list(range(completion)), "", "length", stats)
+
+
+OUTPUTS = [
+    output(0, 7, 6, RequestStats(num_drafts=3, num_draft_tokens=7, num_accepted_tokens=3, verify_steps=4,
+                                 accepted_per_position=[2, 1])),
+    output(1, 4, 6, RequestStats(num_drafts=2, num_draft_tokens=4, num_accepted_tokens=2, verify_steps=3,
+                                 accepted_per_position=[1, 1, 0])),
+]
+ACCEPTANCE = {"num_requests": 2, "completion_tokens": 12, "verify_steps": 7, "num_drafts": 5,
+              "num_draft_tokens": 11, "num_accepted_tokens": 5, "accepted_per_position": [3, 2, 0],
+              "mean_acceptance_length": 2.0, "acceptance_rate": 0.4545, "accept_length": 1.7143}
+
+
+@pytest.fixture
+def leg_run(monkeypatch):
+    clock = FakeClock(wall=1000.0, perf=50.0)
+    monkeypatch.setattr(bench, "time", clock)
+    llm = RecordingLLM(clock, elapsed=0.712345, outputs=OUTPUTS)
+    return llm
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_a_leg_runs_the_whole_workload_once_seeded_by_its_index(leg_run, temperature):
+    """Every prompt, exactly max_tokens each (EOS ignored, so legs compare), at the workload's
+    temperature; the leg index seeds the requests, so a sampled leg is reproducible."""
+    workload = Workload(["a", "b"], max_tokens=6, temperature=temperature)
+    run_leg(leg_run, workload, concurrency=4, index=3, warmup_legs=1)
+    assert leg_run.calls == [((["a", "b"], SamplingParams(temperature=temperature, max_tokens=6, seed=3,
+                                                           ignore_eos=True)), {})]
+
+
+def test_a_leg_records_tokens_time_rate_and_acceptance(leg_run):
+    leg = run_leg(leg_run, Workload(["a", "b"], 6, 0.0), concurrency=4, index=2, warmup_legs=1)
+    assert leg == Leg(concurrency=4, index=2, prompt_tokens=11, completion_tokens=12, start=1000.0,
+                      end=pytest.approx(1000.712345), seconds=0.7123, tokens_per_s=16.85,
+                      acceptance=ACCEPTANCE, warm=True)
+
+
+@pytest.mark.parametrize("index, warmup_legs, warm", [
+    (0, 1, False), (1, 1, True), (2, 1, True), (0, 0, True), (1, 2, False), (2, 2, True)])
+def test_the_first_warmup_legs_are_cold(leg_run, index, warmup_legs, warm):
+    assert is_warm(index, warmup_legs) is warm
+    assert run_leg(leg_run, Workload(["a"], 6, 0.0), 1, index, warmup_legs).warm is warm
+
+
+def leg(concurrency: int, index: int, rate: float, warm: bool, accepted: int, per_position: list[int]) -> Leg:
+    acc = {**Acceptance(num_requests=1, completion_tokens=10, verify_steps=5, num_drafts=4,
+                        num_draft_tokens=8, num_accepted_tokens=accepted,
+                        accepted_per_position=per_position).as_dict(), "unknown_field": 1}
+    return Leg(concurrency, index, 3, 10, 0.0, 1.0, 1.0, rate, acc, warm)
+
+
+def test_fold_summarises_only_the_warm_legs_of_each_concurrency():
+    legs = [leg(1, 0, 99.0, False, 4, [4]),
+            leg(1, 1, 10.456, True, 2, [1, 1]),
+            leg(1, 2, 13.3333, True, 3, [2, 1, 0]),
+            leg(1, 3, 12.0, True, 1, [1]),
+            leg(2, 0, 50.0, False, 0, []),
+            leg(2, 1, 20.0, False, 0, [])]
+    merged = Acceptance(num_requests=3, completion_tokens=30, verify_steps=15, num_drafts=12,
+                        num_draft_tokens=24, num_accepted_tokens=6, accepted_per_position=[4, 2, 0])
+    assert fold(legs) == {
+        "1": {"legs": [1, 2, 3], "tokens_per_s_mean": 11.93, "tokens_per_s_min": 10.46,
+              "tokens_per_s_max": 13.33, "acceptance": merged.as_dict()},
+        "2": {"legs": [], "tokens_per_s_mean": None, "tokens_per_s_min": None, "tokens_per_s_max": None,
+              "acceptance": Acceptance().as_dict()},
+    }
+    assert merged.as_dict()["mean_acceptance_length"] == 1.5
+
+
+def test_fold_rounds_the_mean_to_two_decimals():
+    legs = [leg(4, i, rate, True, 0, []) for i, rate in enumerate([1.0, 2.0, 2.0])]
+    summary = fold(legs)["4"]
+    assert (summary["tokens_per_s_mean"], summary["tokens_per_s_min"], summary["tokens_per_s_max"]) == (1.67, 1.0, 2.0)
+
+
+def test_a_real_leg_on_the_fixture_model(make_llm):
+    """One small sampled ngram leg: the counts the Leg reports are the engine's own outputs."""
+    llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=2, max_model_len=64)
+    workload = Workload(["x = 1\nx = 1\n", "def f("], max_tokens=5, temperature=0.8)
+    got = run_leg(llm, workload, concurrency=2, index=1, warmup_legs=1)
+    outs = llm.generate(workload.prompts, SamplingParams(temperature=0.8, max_tokens=5, seed=1, ignore_eos=True))
+    acc = Acceptance()
+    for o in outs:
+        acc.add(o.stats, len(o.token_ids))
+    assert (got.concurrency, got.index, got.warm) == (2, 1, True)
+    assert got.prompt_tokens == sum(len(o.prompt_token_ids) for o in outs)
+    assert got.completion_tokens == 10
+    assert got.acceptance == acc.as_dict()
+    assert got.seconds > 0 and got.end >= got.start and got.tokens_per_s > 0

@@ -1,0 +1,297 @@
+"""Loading checkpoint folders: what config.json may say, which file an error names, where the
+loaded tensors live and in which dtype, and when the block drafter warns about its target.
+
+Tiny configs and checkpoints are written into tmp_path; only the drafter-warning tests load the
+committed fixtures."""
+import hashlib
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.block_drafter import BlockProposer, DFlashDraftModel, DrafterConfig, load_drafter
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import ModelLoadError, SpecgateError
+from engine.loader import WEIGHTS_FILE, load_model, load_weights, save_model
+from engine.model import LlamaForCausalLM
+from engine.runtime import file_sha256
+from fixtures import DRAFTER_DIR
+
+TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=260, hidden_size=8,
+            intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def write_config(folder, raw):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def without(raw, *names):
+    return {k: v for k, v in raw.items() if k not in names}
+
+
+# ---- ModelConfig.from_dir ------------------------------------------------------------------
+
+ACCEPTED = [  # (config.json, what the loaded config must hold)
+    (without(TINY, "architectures"), {}),
+    ({**TINY, "architectures": []}, {}),
+    (without(TINY, "model_type"), {}),
+    (without(TINY, "architectures", "model_type"), {}),
+    ({**TINY, "architectures": ["LlamaForCausalLM", "Other"]}, {}),
+    (without(TINY, "num_key_value_heads"), dict(num_key_value_heads=2)),
+    ({**TINY, "eos_token_id": [257, 258]}, dict(eos_token_id=257)),
+    ({**TINY, "eos_token_id": [3]}, dict(eos_token_id=3)),
+    ({**TINY, "eos_token_id": 257, "bos_token_id": 256}, dict(eos_token_id=257, bos_token_id=256)),
+    ({**TINY, "attention_bias": False, "mlp_bias": False, "rope_scaling": None}, {}),
+    ({**TINY, "torch_dtype": "bfloat16", "pad_token_id": 258}, {}),  # unknown fields are ignored
+]
+
+
+@pytest.mark.parametrize("raw, expected", ACCEPTED, ids=[str(i) for i in range(len(ACCEPTED))])
+def test_llama_config_json_variants_load(tmp_path, raw, expected):
+    cfg = ModelConfig.from_dir(write_config(tmp_path, raw))
+    assert cfg.hidden_size == 8 and cfg.num_attention_heads == 2
+    for name, value in expected.items():
+        assert getattr(cfg, name) == value
+
+
+REFUSED = [  # (config.json, the message after "<path>: ")
+    ({**TINY, "model_type": "mistral"},
+     "only the Llama architecture is supported, got model_type='mistral' architectures=['LlamaForCausalLM']"),
+    ({**without(TINY, "architectures"), "model_type": "LLAMA"},
+     "only the Llama architecture is supported, got model_type='LLAMA' architectures=['LlamaForCausalLM']"),
+    ({**without(TINY, "model_type"), "architectures": ["llamaforcausallm"]},
+     "only the Llama architecture is supported, got model_type=None architectures=['llamaforcausallm']"),
+    ({**TINY, "attention_bias": True}, "attention_bias=True is not supported"),
+    ({**TINY, "mlp_bias": True}, "mlp_bias=True is not supported"),
+    ({**TINY, "rope_scaling": {"type": "linear"}}, "rope_scaling={'type': 'linear'} is not supported"),
+]
+
+
+@pytest.mark.parametrize("raw, message", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
+def test_non_llama_config_json_is_refused_by_name(tmp_path, raw, message):
+    with pytest.raises(ModelLoadError) as info:
+        ModelConfig.from_dir(write_config(tmp_path, raw))
+    assert str(info.value) == f"{tmp_path / 'config.json'}: {message}"
+
+
+# ---- DrafterConfig.from_dir ----------------------------------------------------------------
+
+DRAFTER = dict(architectures=["DFlashDraftModel"], model_type="specgate_dflash", hidden_size=192,
+               intermediate_size=16, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=48, vocab_size=260, aux_layers=[1, 3], block_size=4)
+
+DRAFTER_REFUSED = [  # (config.json text, the message after "<path>")
+    ("[1, 2]", " must hold a JSON object"),
+    ('"drafter"', " must hold a JSON object"),
+    (json.dumps({**DRAFTER, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}),
+     ": not a block drafter: expected model_type='specgate_dflash' and architectures ['DFlashDraftModel'], "
+     "got model_type='llama' architectures=['LlamaForCausalLM']"),
+    (json.dumps(without(DRAFTER, "model_type", "architectures")),
+     ": not a block drafter: expected model_type='specgate_dflash' and architectures ['DFlashDraftModel'], "
+     "got model_type=None architectures=None"),
+    (json.dumps(without(DRAFTER, "aux_layers", "block_size", "head_dim")),
+     " is missing required fields: head_dim, aux_layers, block_size"),
+    (json.dumps({**DRAFTER, "aux_layers": 3}), ": aux_layers must be a list, got 3"),
+    (json.dumps({**DRAFTER, "aux_layers": "1,3"}), ": aux_layers must be a list, got '1,3'"),
+]
+
+
+@pytest.mark.parametrize("text, message", DRAFTER_REFUSED, ids=[str(i) for i in range(len(DRAFTER_REFUSED))])
+def test_bad_drafter_config_json_is_refused_by_name(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError) as info:
+        DrafterConfig.from_dir(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'config.json'}{message}"
+
+
+def test_drafter_config_json_round_trips(tmp_path):
+    cfg = DrafterConfig.from_dir(write_config(tmp_path, DRAFTER))
+    assert cfg.aux_layers == (1, 3)
+    assert DrafterConfig.from_dir(write_config(tmp_path / "again", cfg.to_json())) == cfg
+
+
+# ---- which file an error names -------------------------------------------------------------
+
+TARGET = ModelConfig(**without(TINY, "architectures", "model_type") | dict(hidden_size=192, num_attention_heads=4,
+                                                                          num_key_value_heads=2, num_hidden_layers=4))
+
+
+def test_drafter_target_mismatch_names_the_drafter_s_config_json(tmp_path):
+    write_config(tmp_path, {**DRAFTER, "aux_layers": [1, 4]})
+    with pytest.raises(ModelLoadError) as info:
+        load_drafter(tmp_path, TARGET)
+    assert str(info.value) == (f"{tmp_path / 'config.json'}: aux_layers [4] are outside the target's "
+                               "layers [0, 4)")
+
+
+def test_drafter_weight_mismatch_names_the_drafter_s_weights_file(tmp_path):
+    write_config(tmp_path, DRAFTER)
+    save_file({"stray": torch.zeros(1)}, str(tmp_path / WEIGHTS_FILE))
+    with pytest.raises(ModelLoadError) as info:
+        load_drafter(tmp_path, TARGET)
+    assert str(info.value).startswith(f"{tmp_path / WEIGHTS_FILE}: tensors do not match the config: missing ")
+    assert str(info.value).endswith(", unexpected ['stray']")
+
+
+def test_target_weight_mismatch_names_the_target_s_weights_file(tmp_path):
+    write_config(tmp_path, TINY)
+    save_file({"stray": torch.zeros(1)}, str(tmp_path / WEIGHTS_FILE))
+    with pytest.raises(ModelLoadError) as info:
+        load_model(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path / WEIGHTS_FILE}: tensors do not match the config: missing ")
+
+
+def linears(n):
+    return torch.nn.Sequential(*(torch.nn.Linear(1, 1, bias=False) for _ in range(n)))
+
+
+@pytest.mark.parametrize("num_params, state, message", [
+    (5, {}, "missing ['0.weight', '1.weight', '2.weight', '3.weight', '4.weight'], unexpected []"),
+    (6, {}, "missing ['0.weight', '1.weight', '2.weight', '3.weight', '4.weight']..., unexpected []"),
+    (7, {}, "missing ['0.weight', '1.weight', '2.weight', '3.weight', '4.weight']..., unexpected []"),
+    (1, {"0.weight": torch.zeros(1, 1), **{f"x{i}": torch.zeros(1) for i in range(6)}},
+     "missing [], unexpected ['x0', 'x1', 'x2', 'x3', 'x4']"),
+])
+def test_weight_mismatch_lists_the_first_five_names(num_params, state, message):
+    with pytest.raises(ModelLoadError) as info:
+        load_weights(linears(num_params), state, "src")
+    assert str(info.value) == f"src: tensors do not match the config: {message}"
+
+
+# ---- where the loaded tensors live, and in which dtype -------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    save_model(LlamaForCausalLM(ModelConfig.from_dir(write_config(folder, TINY))), TINY, folder)
+    return folder
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("meta", torch.float32),
+                                           ("meta", torch.bfloat16), ("cpu", torch.bfloat16)])
+def test_load_model_puts_every_tensor_on_the_requested_device_and_dtype(tiny_dir, device, dtype):
+    model = load_model(tiny_dir, device=device, dtype=dtype)
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    assert {(t.device.type, t.dtype) for t in tensors} == {(device, dtype)}
+    assert not model.training
+
+
+def test_dense_forward_ignores_torch_s_default_device(tiny_dir):
+    model = load_model(tiny_dir)
+    ids = torch.tensor([[256, 104, 105, 10, 257]])
+    logits, _ = model.forward_dense(ids)
+    with torch.device("meta"):
+        on_meta_default, _ = model.forward_dense(ids)
+    assert on_meta_default.device.type == "cpu"
+    torch.testing.assert_close(on_meta_default, logits, rtol=0, atol=0)
+
+
+def tiny_drafter(block_size=4, **changes):
+    torch.manual_seed(0)
+    return DFlashDraftModel(DrafterConfig(**{**without(DRAFTER, "architectures", "model_type"),
+                                             "aux_layers": (1, 3), "block_size": block_size, **changes}))
+
+
+def engine_cfg(**kwargs):
+    kwargs = dict(model="unused", spec="block", num_spec_tokens=4, max_model_len=32,
+                  max_num_batched_tokens=64, max_num_seqs=2) | kwargs
+    return EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_block_proposer_accepts_up_to_block_size_drafts(k):
+    assert BlockProposer(tiny_drafter(block_size=4), None, engine_cfg(num_spec_tokens=k)).k == k
+
+
+@pytest.mark.parametrize("k", [5, 16])
+def test_block_proposer_refuses_more_drafts_than_its_block(k):
+    with pytest.raises(SpecgateError) as info:
+        BlockProposer(tiny_drafter(block_size=4), None, engine_cfg(num_spec_tokens=k))
+    assert str(info.value) == (f"num_spec_tokens ({k}) exceeds the block drafter's block_size (4), "
+                               "the most drafts it was trained to propose")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_block_proposer_state_has_the_engine_s_dtype_and_the_target_s_slots(dtype):
+    cfg = engine_cfg(dtype=dtype, num_kv_blocks=7, block_size=8)
+    proposer = BlockProposer(tiny_drafter(), None, cfg)
+    torch_dtype = getattr(torch, dtype)
+    assert {p.dtype for p in proposer.drafter.parameters()} == {torch_dtype}
+    # One context K/V cache per drafter layer, addressed like the target's paged cache:
+    # num_kv_blocks blocks plus the sink block that padding writes into.
+    assert [(c.shape, c.dtype) for c in proposer.kv_caches] == [((2, 8 * 8, 2, 48), torch_dtype)]
+    assert proposer.block_ids.tolist() == [259] * 5 and proposer.block_ids.dtype == torch.long
+    assert proposer.offsets.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_drafter_reads_a_context_cache_of_another_dtype():
+    """The context K/V are cast to the drafter's dtype: a float32 cache feeds a bfloat16 drafter."""
+    model = tiny_drafter().to(torch.bfloat16)
+    torch.manual_seed(1)
+    embeds = torch.randn(2, 3, 192).bfloat16()
+    positions = torch.tensor([[5, 6, 7], [2, 3, 4]])
+    kv = [(torch.randn(2, 6, 2, 48).bfloat16(), torch.randn(2, 6, 2, 48).bfloat16())]
+    mask = torch.arange(6) < torch.tensor([[5], [2]])
+    expected = model(embeds, positions, kv, mask)
+    got = model(embeds, positions, [(k.float(), v.float()) for k, v in kv], mask)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# ---- the drafter's target checksum ---------------------------------------------------------
+
+def test_file_sha256_hashes_the_whole_file(tmp_path):
+    for size in (0, 1, 70_001):
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        (tmp_path / "f").write_bytes(data)
+        assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def fixture_target(target_dir):
+    return load_model(target_dir)
+
+
+def drafter_copy(tmp_path, **changes):
+    folder = tmp_path / "drafter"
+    shutil.copytree(DRAFTER_DIR, folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(changes)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+    return folder
+
+
+def test_drafter_trained_against_this_target_loads_without_warning(target_dir, fixture_target):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BlockProposer.from_dir(DRAFTER_DIR, fixture_target, engine_cfg(model=str(target_dir)))
+
+
+@pytest.mark.parametrize("case", ["no checksum", "no target weights"])
+def test_drafter_without_a_checksum_to_compare_loads_without_warning(tmp_path, fixture_target, target_dir, case):
+    if case == "no checksum":
+        folder, model = drafter_copy(tmp_path, target_sha256=None), target_dir
+    else:
+        folder, model = drafter_copy(tmp_path, target_sha256="0" * 64), tmp_path / "no-weights-here"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BlockProposer.from_dir(folder, fixture_target, engine_cfg(model=str(model)))
+
+
+def test_drafter_trained_against_another_target_warns_naming_the_checksum(tmp_path, fixture_target, target_dir):
+    other = "0123456789abcdef" * 4
+    folder = drafter_copy(tmp_path, target_sha256=other)
+    with pytest.warns(UserWarning) as record:
+        BlockProposer.from_dir(folder, fixture_target, engine_cfg(model=str(target_dir)))
+    assert [str(w.message) for w in record] == [
+        f"block drafter {folder} was trained against a different target (target_sha256 0123456789ab...); "
+        "output stays exact, acceptance will be low"]
+    # stacklevel=2: the warning points at whoever called from_dir, not at the engine's own line.
+    assert not record[0].filename.endswith("block_drafter.py")

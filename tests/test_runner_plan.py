@@ -1,0 +1,243 @@
+"""The model runner's host side, checked directly: what `plan_step` asks the device to do for
+each kind of row, how a graph-arm step is padded, what `_upload` hands the device, and the
+buffers a runner owns. Then two short engine runs for what only a step shows: logits
+processors see the request's own history and row, and verify gets the drafter's q."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.proposers import NgramProposer
+from engine.request import Request
+from engine.runner import (REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, DeviceState,
+                           ModelRunner)
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledBatch
+from engine.tokenizer import PAD_ID
+
+K, BLOCK, MAX_SEQS, MAX_LEN = 2, 4, 8, 16
+MODEL = ModelConfig(vocab_size=260, hidden_size=8, intermediate_size=8, num_hidden_layers=3,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024)
+
+
+def keep(ids, logits):
+    return logits
+
+
+def make_runner(max_num_seqs=MAX_SEQS, proposer=None, **kw):
+    cfg = EngineConfig(model="unused", spec="ngram", num_spec_tokens=K, block_size=BLOCK,
+                       max_num_seqs=max_num_seqs, max_model_len=MAX_LEN, max_num_batched_tokens=64, **kw)
+    return ModelRunner(cfg, SimpleNamespace(config=MODEL), proposer or NgramProposer(K))
+
+
+def req(rid, prompt, output=(), blocks=(0,), slot=0, resumed=False, **params):
+    return Request(rid, list(prompt), SamplingParams(**params), rng_key=1000 + rid,
+                   output_token_ids=list(output), block_ids=list(blocks), slot=slot, is_resumed=resumed)
+
+
+def host_width(r):
+    """The scheduler's rule: no drafts for a request whose sampling needs the host."""
+    return 0 if r.needs_host_history else K
+
+
+def plan(runner, rows, is_async=False, graph=False, spec_width=host_width):
+    batch = ScheduledBatch(step=7, requests=[r for r, _ in rows], is_prefill=[p for _, p in rows])
+    return runner.plan_step(batch, spec_width, is_async, graph)
+
+
+def fields(p):
+    return dict(arm=p.arm, slots=p.slots, is_prefill=p.is_prefill, spec_width=p.spec_width,
+                query_lens=p.query_lens, num_logits=p.num_logits, host_token_ids=p.host_token_ids,
+                host_positions=p.host_positions, host_seq_lens=p.host_seq_lens, device_fed=p.device_fed,
+                refusals=p.refusals, block_tables=p.block_tables, max_context_len=p.max_context_len)
+
+
+def test_sync_plan_feeds_every_row_from_the_host():
+    runner = make_runner()
+    sink = runner.sink_block
+    assert sink == MAX_SEQS * runner.table_width  # the block after the last real one
+    prefill = req(0, [1, 2, 3], blocks=[0], slot=0)
+    decode = req(1, [5, 6], output=[7], blocks=[1, 2], slot=2)
+    p = plan(runner, [(prefill, True), (decode, False)])
+    tw = runner.table_width
+    assert fields(p) == dict(
+        arm="eager", slots=[0, 2], is_prefill=[True, False], spec_width=[K, K],
+        query_lens=[3, 1 + K], num_logits=[1, 1 + K],
+        host_token_ids=[1, 2, 3, 7, PAD_ID, PAD_ID],   # last committed token, then draft placeholders
+        host_positions=[0, 1, 2, 2, 3, 4], host_seq_lens=[3, 3 + K],
+        device_fed=[False, False], refusals=[None, None],  # the sync runner refuses nothing
+        block_tables=[[0] + [sink] * (tw - 1), [1, 2] + [sink] * (tw - 2)],
+        max_context_len=2 * BLOCK)
+    assert p.step == 7 and p.requests == [prefill, decode] and p.num_rows == 2
+
+
+def test_async_plan_feeds_decode_rows_from_the_device_and_says_why_others_are_not():
+    runner = make_runner()
+    fresh = req(0, [1, 2], blocks=[0], slot=0)
+    resumed = req(1, [3, 4], output=[5], blocks=[1], slot=1, resumed=True)
+    fed = req(2, [6, 7, 8], output=[9], blocks=[2, 3, 4], slot=2)
+    host = req(3, [10, 11], output=[12, 13], blocks=[5], slot=3, logits_processors=[keep])
+    p = plan(runner, [(fresh, True), (resumed, True), (fed, False), (host, False)], is_async=True)
+    f = fields(p)
+    assert f["device_fed"] == [False, False, True, False]
+    assert f["refusals"] == [REFUSE_PREFILL, REFUSE_RESUMED, None, REFUSE_HOST_HISTORY]
+    assert f["spec_width"] == [K, K, K, 0]
+    assert f["query_lens"] == [2, 3, 1 + K, 1] and f["num_logits"] == [1, 1, 1 + K, 1]
+    # A device-fed row carries placeholders only: its ids, positions and length come from the
+    # device state (the host's view of the request is a step behind).
+    assert f["host_token_ids"] == [1, 2, 3, 4, 5] + [PAD_ID] * (1 + K) + [13]
+    assert f["host_positions"] == [0, 1, 0, 1, 2] + [0] * (1 + K) + [3]
+    assert f["host_seq_lens"] == [2, 3, 0, 4]
+    assert f["max_context_len"] == 3 * BLOCK and f["arm"] == "eager"
+
+
+def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
+    runner = make_runner()
+    tw, sink = runner.table_width, runner.sink_block
+    rows = [(req(i, [1, 2, 3], output=[4 + i], blocks=[i], slot=i), False) for i in range(3)]
+    p = plan(runner, rows, graph=True)
+    width = K + 1
+    assert p.num_rows == 4 and len(p.requests) == 3  # bucket 4 of [1, 2, 4, 8]
+    assert fields(p) == dict(
+        arm="graph", slots=[0, 1, 2, runner.padding_slot], is_prefill=[False] * 4, spec_width=[K] * 4,
+        query_lens=[width] * 4, num_logits=[width] * 4,
+        host_token_ids=[4, PAD_ID, PAD_ID, 5, PAD_ID, PAD_ID, 6, PAD_ID, PAD_ID] + [PAD_ID] * width,
+        host_positions=[3, 4, 5] * 3 + list(range(width)), host_seq_lens=[4 + K] * 3 + [width],
+        device_fed=[False] * 4, refusals=[None] * 4,
+        block_tables=[[i] + [sink] * (tw - 1) for i in range(3)] + [[sink] * tw],
+        max_context_len=tw * BLOCK)  # a graph is captured once per bucket, for the longest context
+
+
+@pytest.mark.parametrize("max_num_seqs, rows, bucket", [
+    (8, 1, 1), (8, 2, 2), (8, 3, 4), (8, 5, 8), (8, 8, 8), (6, 5, 6), (6, 3, 4)])
+def test_graph_plan_rows_are_the_smallest_bucket_that_holds_the_batch(max_num_seqs, rows, bucket):
+    runner = make_runner(max_num_seqs=max_num_seqs)
+    batch = [(req(i, [1, 2], output=[3], slot=i, blocks=[i]), False) for i in range(rows)]
+    p = plan(runner, batch, graph=True)
+    assert (p.arm, p.num_rows, len(p.requests)) == ("graph", bucket, rows)
+    assert p.slots[rows:] == [runner.padding_slot] * (bucket - rows)
+
+
+@pytest.mark.parametrize("rows, graph, spec_width, arm", [
+    ([("decode", False), ("decode", False)], True, host_width, "graph"),
+    ([("decode", False), ("decode", False)], False, host_width, "eager"),   # graph off
+    ([("prefill", True), ("decode", False)], True, host_width, "eager"),    # a prefill row
+    ([("prefill", True)], True, host_width, "eager"),
+    ([("decode", False), ("procs", False)], True, host_width, "eager"),     # a row without drafts
+    ([("decode", False), ("decode", False)], True, lambda r: 0, "eager"),   # narrower than k
+    ([("procs", False)], True, lambda r: K, "eager"),                       # host callables
+], ids=["uniform-decode", "graph-off", "prefill", "prefill-only", "host-history", "width-0", "processors"])
+def test_only_uniform_decode_steps_take_the_graph_arm(rows, graph, spec_width, arm):
+    runner = make_runner()
+    kinds = {"decode": {}, "prefill": {}, "procs": {"logits_processors": [keep]}}
+    batch = [(req(i, [1, 2], output=[] if prefill else [3], slot=i, blocks=[i], **kinds[kind]), prefill)
+             for i, (kind, prefill) in enumerate(rows)]
+    p = plan(runner, batch, graph=graph, spec_width=spec_width)
+    assert p.arm == arm
+    assert p.num_rows == len(rows)  # buckets 1 and 2 need no padding
+
+
+def test_upload_gives_padding_rows_greedy_params_and_fixed_dtypes():
+    runner = make_runner()
+    rows = [(req(i, [1, 2], output=[3], slot=i, blocks=[i], temperature=1, top_k=5, top_p=1), False)
+            for i in range(3)]
+    inp = runner._upload(plan(runner, rows, graph=True))
+    # Padding rows run as SamplingParams(temperature=0) would, with key 0: valid, greedy
+    # parameters that draw no randomness.
+    assert inp["temperature"].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert inp["top_k"].tolist() == [5, 5, 5, -1]
+    assert inp["top_p"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert inp["keys"].tolist() == [1000, 1001, 1002, 0]
+    # Integer-valued params still upload as float32: graph inputs keep one dtype per name.
+    inp = runner._upload(plan(runner, rows))
+    dtypes = {name: t.dtype for name, t in inp.items()}
+    assert dtypes == dict(slots=torch.long, query_lens=torch.long, spec_width=torch.long, num_logits=torch.long,
+                          device_fed=torch.bool, is_prefill=torch.bool, host_token_ids=torch.long,
+                          host_positions=torch.long, host_seq_lens=torch.long, block_tables=torch.long,
+                          temperature=torch.float32, top_k=torch.long, top_p=torch.float32, keys=torch.long)
+    assert inp["block_tables"].shape == (3, runner.table_width)
+
+
+@pytest.mark.parametrize("has_q", [False, True], ids=["one-hot-q", "drafter-q"])
+def test_runner_buffers(has_q):
+    """One state row per sequence plus the padding row (the last); each row holds the block
+    table's span plus one verify step; the KV cache holds the configured blocks plus the sink."""
+    proposer = NgramProposer(K)
+    if has_q:
+        proposer.has_q = True
+    runner = make_runner(proposer=proposer, num_kv_blocks=20)
+    tw = runner.table_width
+    assert tw * BLOCK >= MAX_LEN + 2 * K + 1  # every position a request may write
+    s = runner.state
+    assert runner.padding_slot == MAX_SEQS == s.token_ids.shape[0] - 1
+    assert s.token_ids.shape == (MAX_SEQS + 1, tw * BLOCK + K + 1) and s.token_ids.dtype == torch.long
+    assert (s.token_ids == PAD_ID).all()
+    assert s.num_committed.tolist() == [1] * (MAX_SEQS + 1)
+    assert s.draft_token_ids.shape == (MAX_SEQS + 1, K) and (s.draft_token_ids == PAD_ID).all()
+    assert s.num_draft.tolist() == [0] * (MAX_SEQS + 1)
+    if has_q:
+        assert s.draft_probs.shape == (MAX_SEQS + 1, K, MODEL.vocab_size) and not s.draft_probs.any()
+    else:
+        assert s.draft_probs is None  # verify then treats q as one-hot on the draft
+    assert len(runner.kv_caches) == MODEL.num_hidden_layers
+    for cache in runner.kv_caches:
+        assert cache.shape == (2, 21 * BLOCK, MODEL.num_key_value_heads, MODEL.dim_per_head)
+        assert cache.dtype == torch.float32 and not cache.any()
+    assert runner.graphs == {} and runner.copy_stream is None and not runner.is_cuda
+
+
+def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():
+    assert DeviceState(3, 10, 2, 50, False, "cpu").draft_probs is None
+    q = DeviceState(3, 10, 2, 50, True, "cpu").draft_probs
+    assert q.shape == (3, 2, 50) and q.dtype == torch.float32 and not q.any()
+
+
+def test_logits_processors_see_their_own_history_and_row_under_spec_decoding(make_llm):
+    """A request with processors verifies no drafts; its processors get its output so far and
+    the logits of its next token, and what they return is what it samples from."""
+    seen = []
+
+    def record(ids, logits):
+        seen.append(list(ids))
+        return logits
+
+    def force_a(ids, logits):
+        return torch.where(torch.arange(logits.numel()) == ord("a"), 0.0, float("-inf"))
+
+    llm = make_llm(spec="ngram", num_spec_tokens=2, max_model_len=64, max_num_seqs=3, async_runner=False)
+    prompt = "x = 1\nx = 1\nx ="
+    outs = llm.generate([prompt] * 3, [SamplingParams(temperature=0, max_tokens=5),
+                                       SamplingParams(temperature=0, max_tokens=5, logits_processors=[record]),
+                                       SamplingParams(temperature=0, max_tokens=5, logits_processors=[force_a])])
+    plain, recorded, forced = (o.token_ids for o in outs)
+    assert recorded == plain
+    assert seen == [recorded[:i] for i in range(5)]
+    assert forced == [ord("a")] * 5
+
+
+@pytest.mark.parametrize("spec", ["ngram", "block"])
+def test_verify_gets_the_drafters_q(make_llm, monkeypatch, spec):
+    """The block drafter samples its drafts from q, so verify must get q itself; the ngram
+    drafter's q is one-hot, which verify takes as None (a zero q would accept any draft)."""
+    import engine.runner
+    calls = []
+
+    def spy(logits, drafts, num_draft, draft_probs, *rest):
+        calls.append((num_draft.clone(), None if draft_probs is None else draft_probs.clone(), drafts.clone()))
+        return verify(logits, drafts, num_draft, draft_probs, *rest)
+
+    verify = engine.runner.verify
+    monkeypatch.setattr(engine.runner, "verify", spy)
+    llm = make_llm(spec=spec, num_spec_tokens=2, max_model_len=64, max_num_seqs=2, async_runner=False)
+    llm.generate(["x = 1\nx = 1\nx =", "def f(a):\n    return a"],
+                 SamplingParams(temperature=0.8, seed=3, max_tokens=6))
+    assert any(int(n.sum()) for n, _, _ in calls), "some step must verify drafts"
+    for num_draft, q, drafts in calls:
+        if spec == "ngram":
+            assert q is None
+            continue
+        assert q is not None and q.shape == (*drafts.shape, llm.model_config.vocab_size)
+        for r, n in enumerate(num_draft.tolist()):
+            for j in range(n):
+                assert torch.isclose(q[r, j].sum(), torch.tensor(1.0)) and q[r, j, drafts[r, j]] > 0

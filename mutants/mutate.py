@@ -57,9 +57,10 @@ DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution
               "tests/test_spec_decode.py::test_greedy_spec_equals_plain_under_preemption")
 PYTEST_ARGS = ("-p", "gates.plugin", "--gates-per-test", "-p", "mutation_plugin", "-m", "not slow",
                *(a for test in DESELECTED for a in ("--deselect", test)))
-# mutmut's limit is CPU seconds: (the covering tests' time + constant) x multiplier x 2. Its
-# default multiplier (15) would let one hung mutant hold a core for half an hour.
-TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 4.0, 5.0
+# mutmut ends a mutant's run after (the covering tests' time + constant) x multiplier seconds of
+# wall time (twice that of CPU time). A tight limit reads a busy machine as a hang; a loose one
+# lets a real hang hold a core. The engine raises on a stalled scheduler, so hangs are rare.
+TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 8.0, 30.0
 KILLED_EXIT_CODES = (1, 3)  # pytest's exit status for failed tests, and for an internal error
 STATUS_LINE = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
 
@@ -309,6 +310,14 @@ def load_baseline(path: Path = BASELINE) -> float | None:
     return json.loads(path.read_text())["test_strength"] if path.exists() else None
 
 
+def baseline_commit(path: Path = BASELINE) -> str:
+    """The commit the baseline's full run measured: `--since baseline` retests what changed after it."""
+    if not path.exists():
+        raise ValueError(f"--since baseline: there is no {path.name} yet; run a full `specgate mutate "
+                         f"--update-baseline` first")
+    return json.loads(path.read_text())["commit"]
+
+
 def ratchet(summary: dict, baseline: float | None, complete: bool, stale: list[str]) -> list[str]:
     """Why this run fails, if it does: run failures, a wrong reviewed list, a full run's test
     strength under the baseline, or (on a --since run) a survivor nobody has explained."""
@@ -381,6 +390,10 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         if not complete or problems:
             print("mutate: --update-baseline needs a full run without problems", file=sys.stderr)
             return 1
+        if _git(["status", "--porcelain", "--", SOURCE], REPO).strip():
+            print(f"mutate: --update-baseline needs {SOURCE}/ committed, so the baseline names the code it "
+                  f"measured", file=sys.stderr)
+            return 1
         print(update_baseline(summary, commit))
     print(score_line(summary))
     return 1 if problems else 0
@@ -392,7 +405,8 @@ def _pct(x: float | None) -> str:
 
 def add_mutate_parser(sub) -> None:
     p = sub.add_parser("mutate", help="mutation run: mutmut over engine/ with the tests and gates as the suite")
-    p.add_argument("--since", metavar="REV", help="mutate only the functions changed since this git revision")
+    p.add_argument("--since", metavar="REV", help="mutate only the functions changed since this git revision "
+                   "('baseline': the commit of the last full run, from the baseline file)")
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 2, metavar="N",
                    help="mutants tested at once (default: the CPU count)")
     p.add_argument("--report", type=Path, default=REPO / "reports" / "mutation", metavar="DIR",
@@ -410,6 +424,8 @@ def cmd_mutate(args) -> int:
         print("specgate: error: --update-baseline needs a full run, not --since", file=sys.stderr)
         return 2
     try:
+        if args.since == "baseline":
+            args.since = baseline_commit()
         if args.since:
             _git(["rev-parse", "--verify", "--quiet", args.since + "^{commit}"], REPO)
         return mutate(args.since, args.max_children, args.report, args.update_baseline)

@@ -1,4 +1,4 @@
-"""`specgate mutate [--since REV] [--max-children N] [--report DIR] [--update-baseline]`
+"""`specgate mutate [--since REV | --only PATTERN ...] [--max-children N] [--report DIR] [--update-baseline]`
 (also `make mutate`): mutmut over engine/, with the fast tests and gates as the suite.
 
 One pass:
@@ -327,7 +327,7 @@ def ratchet(summary: dict, baseline: float | None, complete: bool, stale: list[s
     if complete and baseline is not None and strength is not None and strength < baseline - 1e-9:
         problems.append(f"test strength {strength:.2%} is under the baseline {baseline:.2%}")
     if not complete and summary["survivors_unexplained"]:
-        problems.append(f"{summary['survivors_unexplained']} survivors in changed functions are neither "
+        problems.append(f"{summary['survivors_unexplained']} survivors in the mutated functions are neither "
                         f"killed nor listed in {EQUIVALENTS.name}")
     return problems
 
@@ -344,10 +344,11 @@ def update_baseline(summary: dict, commit: str, path: Path = BASELINE) -> str:
     return f"baseline: test strength {new:.2%} (was {'none' if old is None else f'{old:.2%}'})"
 
 
-def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool) -> int:
+def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
+           only: tuple[str, ...] = ()) -> int:
     t0 = time.perf_counter()
     equivalents = load_equivalents()
-    patterns = changed_functions(since) if since else []
+    patterns = list(only) or (changed_functions(since) if since else [])
     commit = _git(["rev-parse", "--short", "HEAD"], REPO).strip()
     report_dir.mkdir(parents=True, exist_ok=True)
     if since and not patterns:
@@ -358,12 +359,14 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     reset = stage()
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
-    print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, "
-          + (f"{len(patterns)} functions changed since {since}" if since else "every function"), flush=True)
+    scope = (f"mutants matching {', '.join(only)}" if only else
+             f"{len(patterns)} functions changed since {since}" if since else "every function")
+    print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, {scope}",
+          flush=True)
     rc = run_mutmut(patterns, max_children, report_dir / "mutmut.log")
     log = (report_dir / "mutmut.log").read_text()
     if rc != 0 and "Filtered for specific mutants, but nothing matches" in log:
-        print(f"mutation: 0 mutants in the {len(patterns)} functions changed since {since}")
+        print(f"mutation: 0 mutants match {', '.join(patterns)}")
         return 0
     if rc != 0:
         print("\n".join(log.splitlines()[-40:]), file=sys.stderr)
@@ -372,10 +375,11 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         return 1
     records = read_results(patterns, equivalents)
     wall = time.perf_counter() - t0
-    complete = not since
+    complete = not patterns
     stale = stale_equivalents(records, equivalents, complete)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
-    extra = {"command": "specgate mutate" + (f" --since {since}" if since else ""), "commit": commit,
+    extra = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
+                                  *([f"--since {since}"] if since and not only else [])]), "commit": commit,
              "complete": complete, "wall_s": round(wall, 1), "max_children": max_children,
              "mutants_per_minute": round(len(records) / wall * 60, 1) if wall else None,
              "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
@@ -407,6 +411,8 @@ def add_mutate_parser(sub) -> None:
     p = sub.add_parser("mutate", help="mutation run: mutmut over engine/ with the tests and gates as the suite")
     p.add_argument("--since", metavar="REV", help="mutate only the functions changed since this git revision "
                    "('baseline': the commit of the last full run, from the baseline file)")
+    p.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                   help="mutate only mutants whose mutmut name matches (repeatable), e.g. 'engine.verify.*'")
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 2, metavar="N",
                    help="mutants tested at once (default: the CPU count)")
     p.add_argument("--report", type=Path, default=REPO / "reports" / "mutation", metavar="DIR",
@@ -420,15 +426,18 @@ def cmd_mutate(args) -> int:
     if args.max_children < 1:
         print("specgate: error: --max-children must be at least 1", file=sys.stderr)
         return 2
-    if args.since and args.update_baseline:
-        print("specgate: error: --update-baseline needs a full run, not --since", file=sys.stderr)
+    if (args.since or args.only) and args.update_baseline:
+        print("specgate: error: --update-baseline needs a full run, not --since or --only", file=sys.stderr)
+        return 2
+    if args.since and args.only:
+        print("specgate: error: give --since or --only, not both", file=sys.stderr)
         return 2
     try:
         if args.since == "baseline":
             args.since = baseline_commit()
         if args.since:
             _git(["rev-parse", "--verify", "--quiet", args.since + "^{commit}"], REPO)
-        return mutate(args.since, args.max_children, args.report, args.update_baseline)
+        return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only))
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

@@ -175,6 +175,8 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
     (["--max-children", "0"], "--max-children must be at least 1"),
     (["--since", "no-such-rev"], "no-such-rev"),
     (["--since", "HEAD", "--update-baseline"], "needs a full run"),
+    (["--only", "engine.verify.*", "--update-baseline"], "needs a full run"),
+    (["--since", "HEAD", "--only", "engine.verify.*"], "not both"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(capsys, args, message):
     from engine.cli import main

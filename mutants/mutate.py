@@ -370,6 +370,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         return 0
     if rc != 0:
         print("\n".join(log.splitlines()[-40:]), file=sys.stderr)
+        if "BadTestExecutionCommandsException" in log:
+            print("mutate: pytest refused mutmut's test ids (exit status 4): a test id that changes between two "
+                  "collections in one process, e.g. an explicit parametrize id with a backslash", file=sys.stderr)
         print(f"mutate: mutmut run failed (exit status {rc}); its output is in {report_dir / 'mutmut.log'}",
               file=sys.stderr)
         return 1

@@ -208,19 +208,21 @@ def test_boundary_sampling_params_are_accepted(field, value):
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 BAD_REQUESTS = [
-    # (prompt, params, what the message must say)
-    ("", GREEDY, r"^prompt is empty$"),
-    ([], GREEDY, r"^prompt is empty$"),
-    ([256, 72, 260], GREEDY, r"token ids outside the vocabulary \[0, 260\): \[260\]"),
-    ([256, -1], GREEDY, r"outside the vocabulary \[0, 260\): \[-1\]"),
-    ([256, 65.0], GREEDY, r"outside the vocabulary \[0, 260\): \[65\.0\]"),
-    ([256, True], GREEDY, r"outside the vocabulary \[0, 260\): \[True\]"),
-    ("def f(", SamplingParams(stop_token_ids=[999]), r"outside the vocabulary \[0, 260\): \[999\]"),
-    ("a" * 255, GREEDY, r"prompt has 256 tokens; the context holds 256 \(max_model_len\)"),
-    ([256] * 300, GREEDY, r"prompt has 300 tokens; the context holds 256"),
-    (b"def f(", GREEDY, r"a prompt must be a string or a list of token ids, got bytes"),
-    (12, GREEDY, r"a prompt must be a string or a list of token ids, got int"),
-    ("def f(", {"temperature": 0}, r"params must be a SamplingParams, got dict"),
+    # (prompt, params, what the message must say), named by what is wrong with the request
+    pytest.param("", GREEDY, r"^prompt is empty$", id="empty-string"),
+    pytest.param([], GREEDY, r"^prompt is empty$", id="empty-ids"),
+    pytest.param([256, 72, 260], GREEDY, r"token ids outside the vocabulary \[0, 260\): \[260\]", id="id-past-vocab"),
+    pytest.param([256, -1], GREEDY, r"outside the vocabulary \[0, 260\): \[-1\]", id="negative-id"),
+    pytest.param([256, 65.0], GREEDY, r"outside the vocabulary \[0, 260\): \[65\.0\]", id="float-id"),
+    pytest.param([256, True], GREEDY, r"outside the vocabulary \[0, 260\): \[True\]", id="bool-id"),
+    pytest.param("def f(", SamplingParams(stop_token_ids=[999]), r"outside the vocabulary \[0, 260\): \[999\]",
+                 id="stop-id-past-vocab"),
+    pytest.param("a" * 255, GREEDY, r"prompt has 256 tokens; the context holds 256 \(max_model_len\)",
+                 id="prompt-fills-context"),
+    pytest.param([256] * 300, GREEDY, r"prompt has 300 tokens; the context holds 256", id="prompt-past-context"),
+    pytest.param(b"def f(", GREEDY, r"a prompt must be a string or a list of token ids, got bytes", id="bytes-prompt"),
+    pytest.param(12, GREEDY, r"a prompt must be a string or a list of token ids, got int", id="int-prompt"),
+    pytest.param("def f(", {"temperature": 0}, r"params must be a SamplingParams, got dict", id="dict-params"),
 ]
 
 
@@ -229,7 +231,7 @@ def shared_llm():
     return LLM(max_model_len=256, max_num_batched_tokens=1024)
 
 
-@pytest.mark.parametrize("prompt, params, match", BAD_REQUESTS, ids=[m[:30] for _, _, m in BAD_REQUESTS])
+@pytest.mark.parametrize("prompt, params, match", BAD_REQUESTS)
 def test_bad_request_is_refused_when_added(shared_llm, prompt, params, match):
     with pytest.raises(RequestError, match=match):
         shared_llm.add_request(prompt, params)

@@ -114,6 +114,28 @@ def test_staging_config_selects_existing_tests_and_deselects_real_ones():
         assert f"def {name}(" in (REPO / file).read_text(), node
 
 
+
+def test_the_suite_s_test_ids_survive_a_second_collection_in_one_process():
+    """mutmut collects the suite, then runs tests by id, in one process. pytest escapes an
+    explicit `ids=` entry in place, so an id with a backslash changes on the second collection
+    and the run stops with 'not found' (pytest exit 4): name such cases without backslashes."""
+    script = textwrap.dedent(f"""\
+        import contextlib, io, json, sys, pytest
+        class Ids:
+            def pytest_collection_modifyitems(self, items):
+                self.ids = [item.nodeid for item in items]
+        runs = []
+        for _ in range(2):
+            ids = Ids()
+            with contextlib.redirect_stdout(io.StringIO()):
+                pytest.main(["--collect-only", "-p", "gates.plugin", *{list(mutate.SUITE)!r}], plugins=[ids])
+            runs.append(ids.ids)
+        json.dump(runs, sys.stdout)""")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    first, second = json.loads(proc.stdout)
+    assert len(first) > 500, "the suite was not collected"
+    assert sorted(set(first) - set(second)) == []
+
 def test_timeouts_and_unchecked_mutants_are_run_failures_never_kills():
     summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2", status="timeout"),
                          record(name="engine.verify.x_f__mutmut_3", status="not checked")])

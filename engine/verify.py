@@ -48,14 +48,13 @@ def verify(logits: torch.Tensor, draft_token_ids: torch.Tensor, num_draft: torch
         q_next = torch.nn.functional.one_hot(drafts[rows, num_accepted.clamp(max=max(width - 2, 0))]
                                              if width > 1 else torch.zeros_like(rows), vocab).to(p.dtype)
     residual = (p_next - q_next).clamp_min(0)
-    residual_mass = residual.sum(-1, keepdim=True)
-    rejected = (num_accepted < num_draft)[:, None] & (residual_mass > 0)
-    next_dist = torch.where(rejected, residual / residual_mass.clamp_min(1e-30), p_next)
+    rejected = (num_accepted < num_draft) & (residual.sum(-1) > 0)
+    # The exponential race draws in proportion to its weights, so the residual needs no normalising.
+    next_dist = torch.where(rejected[:, None], residual, p_next)
     next_token = sample_from_probs(next_dist, keys, first_position + num_accepted)
 
     out_pos = torch.arange(width, device=logits.device)
     sampled = torch.full((num_reqs, width), -1, dtype=torch.long, device=logits.device)
-    if width > 1:
-        sampled[:, :-1] = torch.where(out_pos[:-1] < num_accepted[:, None], drafts, -1)
+    sampled[:, :-1] = torch.where(out_pos[:-1] < num_accepted[:, None], drafts, -1)
     sampled[rows, num_accepted] = next_token
     return sampled, num_accepted

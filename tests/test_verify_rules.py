@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from engine.sampling import STREAM_ACCEPT, keyed_uniform, processed_probs
+from engine.sampling import STREAM_ACCEPT, keyed_uniform, processed_probs, sample_from_probs
 from engine.verify import verify
 
 NEG = -math.inf
@@ -132,6 +132,28 @@ def test_a_rejection_without_residual_mass_draws_from_p():
     assert rejected_covering.any()
     assert set(sampled[rejected_covering, 0].tolist()) <= {1, 2}
     assert set(sampled[(num_accepted == 0) & (torch.arange(num_reqs) % 2 == 1), 0].tolist()) == {1}
+
+
+def test_the_token_after_the_prefix_is_drawn_with_its_own_position_s_key():
+    """Every real draft is certain under p, so all are accepted and the bonus token, at position
+    first_position + num_draft, must be sample_from_probs with that position's key: the noise
+    plain decoding draws there, never a neighbour's (reused noise correlates tokens)."""
+    gen = torch.Generator().manual_seed(5)
+    num_reqs, k, vocab = 64, 3, 6
+    num_draft = torch.arange(num_reqs) % (k + 1)
+    drafts = torch.randint(0, vocab, (num_reqs, k), generator=gen)
+    probs = torch.softmax(torch.randn(num_reqs, k + 1, vocab, generator=gen), -1)
+    real = torch.arange(k) < num_draft[:, None]
+    probs[:, :-1] = torch.where(real[..., None], torch.nn.functional.one_hot(drafts, vocab).float(), probs[:, :-1])
+    keys = torch.randint(0, 1 << 62, (num_reqs,), generator=gen)
+    first_position = torch.randint(0, 1000, (num_reqs,), generator=gen)
+    logits = logits_of(probs)
+    sampled, num_accepted = run(logits, drafts, num_draft, None, keys, first_position)
+    assert num_accepted.tolist() == num_draft.tolist()
+    rows = torch.arange(num_reqs)
+    p = processed_probs(logits, torch.ones(num_reqs, 1), torch.full((num_reqs, 1), -1), torch.ones(num_reqs, 1))
+    bonus = sample_from_probs(p[rows, num_draft], keys, first_position + num_draft)
+    assert sampled[rows, num_draft].tolist() == bonus.tolist()
 
 
 @pytest.mark.parametrize("pad", [-1, 259, 260, 10 ** 6])

@@ -238,9 +238,24 @@ def test_bad_request_is_refused_when_added(shared_llm, prompt, params, match):
     assert not shared_llm.has_unfinished()  # nothing was queued
 
 
-def test_bad_arrival_step_is_refused(shared_llm):
-    with pytest.raises(RequestError, match=r"arrival_step must be an integer >= 0, got -1"):
-        shared_llm.add_request("x", GREEDY, arrival_step=-1)
+@pytest.mark.parametrize("arrival_step", [-1, True, 1.5, "2"])
+def test_bad_arrival_step_is_refused(shared_llm, arrival_step):
+    with pytest.raises(RequestError, match=rf"arrival_step must be an integer >= 0, got {arrival_step!r}"):
+        shared_llm.add_request("x", GREEDY, arrival_step=arrival_step)
+    assert not shared_llm.has_unfinished()
+
+
+def test_the_first_and_last_vocabulary_ids_are_valid_prompt_and_stop_ids(make_llm):
+    llm = make_llm()
+    last = llm.model_config.vocab_size - 1
+    out, = llm.generate([[0, last]], SamplingParams(temperature=0, max_tokens=2, stop_token_ids=[0, last]))
+    assert out.prompt_token_ids == [0, last] and 1 <= len(out.token_ids) <= 2
+
+
+def test_a_refusal_lists_the_first_five_bad_ids(shared_llm):
+    with pytest.raises(RequestError) as info:
+        shared_llm.add_request([256, -1, 260, 261, 262, 263, 264], GREEDY)
+    assert str(info.value) == "token ids outside the vocabulary [0, 260): [-1, 260, 261, 262, 263]"
 
 
 def test_longest_prompt_that_fits_gets_one_token(shared_llm):

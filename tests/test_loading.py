@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.block_drafter import BlockProposer, DFlashDraftModel, DrafterConfig, load_drafter
@@ -116,6 +117,12 @@ def test_drafter_config_json_round_trips(tmp_path):
     assert DrafterConfig.from_dir(write_config(tmp_path / "again", cfg.to_json())) == cfg
 
 
+def test_drafter_config_json_holds_exactly_the_config_s_fields(tmp_path):
+    raw = DrafterConfig.from_dir(write_config(tmp_path, DRAFTER)).to_json()
+    assert set(raw) == {"architectures", "model_type", *DrafterConfig.__dataclass_fields__}
+    assert raw["aux_layers"] == [1, 3]  # a JSON list, as Hugging Face configs hold them
+
+
 # ---- which file an error names -------------------------------------------------------------
 
 TARGET = ModelConfig(**without(TINY, "architectures", "model_type") | dict(hidden_size=192, num_attention_heads=4,
@@ -172,6 +179,24 @@ def tiny_dir(tmp_path_factory):
     torch.manual_seed(0)
     save_model(LlamaForCausalLM(ModelConfig.from_dir(write_config(folder, TINY))), TINY, folder)
     return folder
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_save_model_writes_a_hugging_face_folder_that_loads_back(tmp_path, tied):
+    raw = {**TINY, "tie_word_embeddings": tied}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(ModelConfig.from_dir(write_config(tmp_path / "src", raw)))
+    folder = tmp_path / "nested" / "out"  # save_model creates the parents
+    save_model(model, raw, folder)
+    assert (folder / "config.json").read_text() == json.dumps(raw, indent=2, sort_keys=True) + "\n"
+    with safe_open(folder / WEIGHTS_FILE, "pt") as f:
+        # transformers refuses a safetensors file without this metadata
+        assert f.metadata() == {"format": "pt"}
+        stored = set(f.keys())
+    assert ("lm_head.weight" in stored) == (not tied)  # tied weights are stored once
+    loaded = load_model(folder, device="cpu", dtype=torch.float32)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
 @pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("meta", torch.float32),
@@ -294,4 +319,4 @@ def test_drafter_trained_against_another_target_warns_naming_the_checksum(tmp_pa
         f"block drafter {folder} was trained against a different target (target_sha256 0123456789ab...); "
         "output stays exact, acceptance will be low"]
     # stacklevel=2: the warning points at whoever called from_dir, not at the engine's own line.
-    assert not record[0].filename.endswith("block_drafter.py")
+    assert record[0].filename == __file__

@@ -107,6 +107,24 @@ def test_seeds_that_share_their_low_32_bits_get_different_keys():
 
 # ---- processed probabilities ---------------------------------------------------------------
 
+# keyed_uniform's known answers: (n + 0.5) / 2**23 for these n, per stream, at keys 0, 1,
+# REGRESSION_KEY and 2**62 - 1 (positions 0, 7, 0, 123456), lanes 0 and 1.
+KNOWN_LANES = {
+    STREAM_SAMPLE: [[2297600, 6414728], [7254463, 506025], [2344530, 4125298], [7179225, 5583257]],
+    STREAM_ACCEPT: [[1803454, 2232032], [4975936, 3676631], [4671112, 2943379], [7392644, 1237479]],
+    STREAM_DRAFT: [[116267, 5105255], [5933519, 6433360], [6290647, 6703801], [4207626, 145665]],
+}
+
+
+@pytest.mark.parametrize("stream", sorted(KNOWN_LANES))
+def test_keyed_uniforms_give_their_known_answers(stream):
+    """A seeded request gives the same tokens on every machine and in every version of the
+    engine only while these numbers hold: a change to the hash has to be deliberate."""
+    keys = torch.tensor([0, 1, REGRESSION_KEY, (1 << 62) - 1])
+    u = keyed_uniform(keys, torch.tensor([0, 7, 0, 123456]), stream, 2)
+    assert u.tolist() == [[(n + 0.5) / (1 << 23) for n in row] for row in KNOWN_LANES[stream]]
+
+
 def random_logits(seed: int, vocab: int, scale: float = 3.0) -> torch.Tensor:
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * scale
 
@@ -129,6 +147,15 @@ def test_top_k_keeps_exactly_the_k_largest(seed, vocab, data):
     assert support(probs) == set(logits.topk(k).indices.tolist())
     expected = torch.softmax(logits.topk(k).values / temperature, -1)
     torch.testing.assert_close(probs[logits.topk(k).indices], expected)
+
+
+@pytest.mark.parametrize("vocab, top_p, kept", [(2, 0.5, 1), (4, 0.25, 1), (4, 0.5, 2), (4, 0.75, 3)])
+def test_top_p_stops_at_the_token_whose_mass_reaches_p_exactly(vocab, top_p, kept):
+    """Equal logits give each token exactly 1 / vocab, so the running mass meets top_p exactly:
+    the smallest prefix reaching top_p is kept, and not one token more."""
+    probs = process(torch.zeros(vocab), top_p=top_p)
+    assert len(support(probs)) == kept
+    assert probs.sum().item() == pytest.approx(1.0)
 
 
 @given(seed=st.integers(0, 10 ** 6), vocab=st.integers(2, 64), top_p=st.floats(0.01, 1.0),

@@ -235,8 +235,11 @@ def stryker_report(records: Iterable[MutantRecord], sources: dict[str, str],
     if not 0 <= low <= high <= 100:
         raise ValueError(f"thresholds must be 0 <= low <= high <= 100, got high={high}, low={low}")
     files: dict[str, dict] = {}
-    tests: dict[str, set[str]] = {}
-    for r in sorted(_checked(records), key=_order):
+    checked = sorted(_checked(records), key=_order)
+    # Short test ids, which testFiles resolves to names: a full run's mutants cover hundreds of
+    # tests each, and their node ids spelled out on every mutant made a 30 MB report.
+    test_ids = {node: str(i) for i, node in enumerate(sorted({n for r in checked for n in r.covered_by}))}
+    for r in checked:
         source = sources.get(r.path, "")
         (l1, c1, l2, c2), replacement = _place(r, source)
         mutant = {"id": r.name, "mutatorName": mutator_name(r.diff), "status": STRYKER_STATUS[r.status],
@@ -247,21 +250,22 @@ def stryker_report(records: Iterable[MutantRecord], sources: dict[str, str],
         if reason := f"reviewed equivalent: {r.equivalent}" if equivalent else REASONS.get(r.status):
             mutant["statusReason"] = reason
         if r.covered_by:  # no killedBy: mutmut does not record which test killed a mutant
-            mutant["coveredBy"] = list(r.covered_by)
+            mutant["coveredBy"] = [test_ids[node] for node in r.covered_by]
         if r.seconds is not None:
             mutant["duration"] = round(r.seconds * 1000, 3)
         files.setdefault(r.path, {"language": "python", "source": source, "mutants": []})["mutants"].append(mutant)
-        for node in r.covered_by:
-            tests.setdefault(node.partition("::")[0], set()).add(node)
     try:
         framework = {"name": "mutmut", "version": metadata.version("mutmut")}
     except metadata.PackageNotFoundError:
         framework = {"name": "mutmut"}
     report = {"schemaVersion": "2", "thresholds": {"high": high, "low": low}, "projectRoot": str(REPO),
               "framework": framework, "files": files}
-    if tests:  # the viewer resolves coveredBy ids through testFiles
-        report["testFiles"] = {path: {"tests": [{"id": t, "name": t.partition("::")[2] or t} for t in sorted(ids)]}
-                               for path, ids in sorted(tests.items())}
+    test_files: dict[str, dict] = {}
+    for node, test_id in test_ids.items():
+        path, _, name = node.partition("::")
+        test_files.setdefault(path, {"tests": []})["tests"].append({"id": test_id, "name": name or node})
+    if test_files:
+        report["testFiles"] = test_files
     return report
 
 

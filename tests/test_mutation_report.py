@@ -227,6 +227,9 @@ def test_stryker_report_validates_and_maps_statuses(records):
     assert mutants["engine.verify.x_greedy_verify__mutmut_2"]["duration"] == 250
     test_ids = {t["id"] for f in report["testFiles"].values() for t in f["tests"]}
     assert {t for m in mutants.values() for t in m.get("coveredBy", [])} == test_ids
+    node_of = {t["id"]: f"{path}::{t['name']}" for path, f in report["testFiles"].items() for t in f["tests"]}
+    for r in records:  # short ids in coveredBy, resolved through testFiles to each mutant's own tests
+        assert sorted(node_of[t] for t in mutants[r.name].get("coveredBy", [])) == sorted(r.covered_by)
     assert report["files"]["engine/runner.py"]["source"] == RUNNER
     assert (Path(report["projectRoot"]) / "mutants" / "mutation_report.py").is_file()
 

@@ -272,6 +272,18 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
         os.chdir(cwd)
 
 
+def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> list[str]:
+    """The mutants (matching `patterns`, if any) whose verdict mutmut already holds: a rerun
+    reuses them, so the run's speed counts only the others."""
+    from fnmatch import fnmatch
+    names = []
+    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+        codes = json.loads(meta_path.read_text())["exit_code_by_key"]
+        names += [n for n, code in codes.items()
+                  if code is not None and (not patterns or any(fnmatch(n, p) for p in patterns))]
+    return names
+
+
 def mutated_line(diff: str) -> str:
     """The first line a mutant adds, stripped ('' when it only removes)."""
     return next((l[1:].strip() for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++")), "")
@@ -363,6 +375,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
              f"{len(patterns)} functions changed since {since}" if since else "every function")
     print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, {scope}",
           flush=True)
+    cached = len(cached_verdicts(patterns))
     rc = run_mutmut(patterns, max_children, report_dir / "mutmut.log")
     log = (report_dir / "mutmut.log").read_text()
     if rc != 0 and "Filtered for specific mutants, but nothing matches" in log:
@@ -384,12 +397,14 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     extra = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
                                   *([f"--since {since}"] if since and not only else [])]), "commit": commit,
              "complete": complete, "wall_s": round(wall, 1), "max_children": max_children,
-             "mutants_per_minute": round(len(records) / wall * 60, 1) if wall else None,
+             "from_cache": cached, "tested": len(records) - cached,
+             "mutants_per_minute": round((len(records) - cached) / wall * 60, 1) if wall else None,
              "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
     summary = summarise(records)
     problems = ratchet(summary, load_baseline(), complete, stale)
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
-    print(f"mutate: {len(records)} mutants in {wall:.0f} s ({extra['mutants_per_minute']} per minute); "
+    print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
+          f"({extra['mutants_per_minute']} per minute) and {cached} from the cache; "
           f"reports: " + ", ".join(str(p) for p in paths.values()))
     for p in problems:
         print(f"mutate: FAIL: {p}")

@@ -241,10 +241,13 @@ def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
     meta.parent.mkdir(parents=True, exist_ok=True)
     meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None}}))
     assert mutate.stage(staging) == 0, "an unchanged suite must keep the cache"
+    assert sorted(mutate.cached_verdicts([], staging)) == ["killed", "survived", "timeout"]
+    assert mutate.cached_verdicts(["surv*"], staging) == ["survived"]
     (staging / "suite.sha256").write_text("an older suite")
     assert mutate.stage(staging) == 2
     assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
                                                                "new": None}
+    assert mutate.cached_verdicts([], staging) == ["killed"]  # the run's speed counts the other three
 
 
 def test_since_baseline_names_the_commit_of_the_last_full_run(tmp_path):

@@ -27,6 +27,7 @@ import sys
 import time
 import tomllib
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -239,7 +240,6 @@ def _chunks(stream):
 def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
                  staging: Path = STAGING) -> list[MutantRecord]:
     """The mutants mutmut knows in the staging folder (only those matching `patterns`, if any)."""
-    from fnmatch import fnmatch
     cwd = os.getcwd()
     os.chdir(staging)  # mutmut reads its config and working copy relative to the folder it ran in
     try:
@@ -255,7 +255,7 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
             data = SourceFileMutationData(path=path)
             data.load()
             for name, code in sorted(data.exit_code_by_key.items()):
-                if patterns and not any(fnmatch(name, p) for p in patterns):
+                if not matches(name, patterns):
                     continue
                 function, cls = orig_function_and_class_names_from_key(name)
                 diff = get_diff_for_mutant(name, path=path)
@@ -272,16 +272,20 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
         os.chdir(cwd)
 
 
-def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> list[str]:
-    """The mutants (matching `patterns`, if any) whose verdict mutmut already holds: a rerun
-    reuses them, so the run's speed counts only the others."""
-    from fnmatch import fnmatch
-    names = []
+def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> dict[str, float | None]:
+    """The mutants (matching `patterns`, if any) whose verdict mutmut already holds, with its
+    duration: a mutant the run retests gets a new one, so the run's speed counts only those."""
+    cached = {}
     for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
-        codes = json.loads(meta_path.read_text())["exit_code_by_key"]
-        names += [n for n, code in codes.items()
-                  if code is not None and (not patterns or any(fnmatch(n, p) for p in patterns))]
-    return names
+        meta = json.loads(meta_path.read_text())
+        cached.update({name: meta["durations_by_key"].get(name) for name, code in meta["exit_code_by_key"].items()
+                       if code is not None and matches(name, patterns)})
+    return cached
+
+
+def matches(name: str, patterns: list[str]) -> bool:
+    """Whether a mutant is in the run: every mutant when there are no patterns."""
+    return not patterns or any(fnmatch(name, p) for p in patterns)
 
 
 def mutated_line(diff: str) -> str:
@@ -375,7 +379,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
              f"{len(patterns)} functions changed since {since}" if since else "every function")
     print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, {scope}",
           flush=True)
-    cached = len(cached_verdicts(patterns))
+    cached = cached_verdicts(patterns)
     rc = run_mutmut(patterns, max_children, report_dir / "mutmut.log")
     log = (report_dir / "mutmut.log").read_text()
     if rc != 0 and "Filtered for specific mutants, but nothing matches" in log:
@@ -390,6 +394,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
               file=sys.stderr)
         return 1
     records = read_results(patterns, equivalents)
+    from_cache = sum(1 for r in records if r.name in cached and cached[r.name] == r.seconds)
     wall = time.perf_counter() - t0
     complete = not patterns
     stale = stale_equivalents(records, equivalents, complete)
@@ -397,14 +402,14 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     extra = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
                                   *([f"--since {since}"] if since and not only else [])]), "commit": commit,
              "complete": complete, "wall_s": round(wall, 1), "max_children": max_children,
-             "from_cache": cached, "tested": len(records) - cached,
-             "mutants_per_minute": round((len(records) - cached) / wall * 60, 1) if wall else None,
+             "from_cache": from_cache, "tested": len(records) - from_cache,
+             "mutants_per_minute": round((len(records) - from_cache) / wall * 60, 1) if wall else None,
              "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
     summary = summarise(records)
     problems = ratchet(summary, load_baseline(), complete, stale)
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
     print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
-          f"({extra['mutants_per_minute']} per minute) and {cached} from the cache; "
+          f"({extra['mutants_per_minute']} per minute) and {from_cache} from the cache; "
           f"reports: " + ", ".join(str(p) for p in paths.values()))
     for p in problems:
         print(f"mutate: FAIL: {p}")

@@ -239,15 +239,16 @@ def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
     assert mutate.stage(staging) == 0
     meta = staging / "mutants" / "engine" / "verify.py.meta"
     meta.parent.mkdir(parents=True, exist_ok=True)
-    meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None}}))
+    meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None},
+                                "durations_by_key": {"killed": 0.5, "survived": 9.0}}))
     assert mutate.stage(staging) == 0, "an unchanged suite must keep the cache"
-    assert sorted(mutate.cached_verdicts([], staging)) == ["killed", "survived", "timeout"]
-    assert mutate.cached_verdicts(["surv*"], staging) == ["survived"]
+    assert mutate.cached_verdicts([], staging) == {"killed": 0.5, "survived": 9.0, "timeout": None}
+    assert mutate.cached_verdicts(["surv*"], staging) == {"survived": 9.0}
     (staging / "suite.sha256").write_text("an older suite")
     assert mutate.stage(staging) == 2
     assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
                                                                "new": None}
-    assert mutate.cached_verdicts([], staging) == ["killed"]  # the run's speed counts the other three
+    assert mutate.cached_verdicts([], staging) == {"killed": 0.5}  # the run's speed counts the other three
 
 
 def test_since_baseline_names_the_commit_of_the_last_full_run(tmp_path):

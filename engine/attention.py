@@ -22,6 +22,11 @@ class AttentionMetadata:
     max_query_len: int
 
 
+def context_slots(block_tables: torch.Tensor, key_pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[R, L]: the cache slot of key position key_pos[j] of request r (the slot formula above)."""
+    return block_tables[:, key_pos // block_size] * block_size + key_pos % block_size
+
+
 def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Tensor,
                              seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
                              max_query_len: int, max_context_len: int) -> AttentionMetadata:
@@ -34,7 +39,6 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
                                         output_size=num_tokens)
     query_offset = torch.arange(num_tokens, device=device) - query_start_loc[query_req]
     key_pos = torch.arange(max_context_len, device=device)
-    context_slots = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size
     slot_mapping = (block_tables[query_req, positions // block_size] * block_size
                     + positions % block_size)
     query_pos = torch.full((num_reqs, max_query_len), -1, dtype=positions.dtype, device=device)
@@ -42,7 +46,7 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos < seq_lens[:, None])[:, None, :]
     # A padded query row sees key 0 only, so softmax has a finite input; its output is discarded.
     mask[:, :, 0] |= query_pos < 0
-    return AttentionMetadata(slot_mapping, context_slots, query_req, query_offset,
+    return AttentionMetadata(slot_mapping, context_slots(block_tables, key_pos, block_size), query_req, query_offset,
                              mask[:, None], max_query_len)
 
 

@@ -13,7 +13,6 @@ In the engine the context K/V live in a paged cache with the target's slot addre
 `observe` writes every token the target ran, whatever was accepted, and a rejected
 position is simply overwritten later and never read before that (only positions < p are).
 """
-import json
 import os
 import warnings
 from dataclasses import MISSING, asdict, dataclass
@@ -23,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata
-from engine.config import EngineConfig, ModelConfig
+from engine.attention import AttentionMetadata, context_slots
+from engine.config import EngineConfig, ModelConfig, read_config_json, require_fields
 from engine.errors import ModelLoadError, SpecgateError
 from engine.loader import WEIGHTS_FILE, load_weights, read_state_dict
 from engine.runtime import file_sha256
 from engine.model import DecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
 from engine.proposers import ProposeInput
-from engine.sampling import STREAM_DRAFT, processed_probs, sample_from_probs
+from engine.sampling import STREAM_DRAFT, sample_from_probs
 from engine.tokenizer import MASK_ID
 
 ARCHITECTURE, MODEL_TYPE = "DFlashDraftModel", "specgate_dflash"
@@ -75,26 +74,13 @@ class DrafterConfig:
 
     @classmethod
     def from_dir(cls, drafter_dir: Path) -> "DrafterConfig":
-        path = drafter_dir / "config.json"
-        if not drafter_dir.is_dir():
-            raise ModelLoadError(f"drafter folder {drafter_dir} does not exist or is not a folder")
-        if not path.is_file():
-            raise ModelLoadError(f"drafter folder {drafter_dir} has no config.json")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object")
+        path, raw = read_config_json(drafter_dir, "drafter")
         if raw.get("model_type") != MODEL_TYPE or ARCHITECTURE not in (raw.get("architectures") or []):
             raise ModelLoadError(f"{path}: not a block drafter: expected model_type={MODEL_TYPE!r} and "
                                  f"architectures [{ARCHITECTURE!r}], got model_type="
                                  f"{raw.get('model_type')!r} architectures={raw.get('architectures')!r}")
         fields = cls.__dataclass_fields__
-        required = [f for f, spec in fields.items() if spec.default is MISSING]
-        missing = [f for f in required if f not in raw]
-        if missing:
-            raise ModelLoadError(f"{path} is missing required fields: {', '.join(missing)}")
+        require_fields(path, raw, [f for f, spec in fields.items() if spec.default is MISSING])
         kwargs = {k: v for k, v in raw.items() if k in fields}
         if not isinstance(kwargs["aux_layers"], list):
             raise ModelLoadError(f"{path}: aux_layers must be a list, got {kwargs['aux_layers']!r}")
@@ -196,8 +182,7 @@ class BlockProposer:
         self.k = cfg.k
         self.block_size = cfg.block_size
         self.aux_layers = tuple(dc.aux_layers)
-        num_slots = (cfg.total_kv_blocks + 1) * cfg.block_size
-        self.kv_caches = [torch.zeros(2, num_slots, dc.num_key_value_heads, dc.head_dim,
+        self.kv_caches = [torch.zeros(2, cfg.num_kv_slots, dc.num_key_value_heads, dc.head_dim,
                                       dtype=cfg.torch_dtype, device=cfg.device)
                           for _ in range(dc.num_hidden_layers)]
         # The block always holds k_max masks, exactly as trained; only the first k rows are used.
@@ -239,9 +224,8 @@ class BlockProposer:
         block_positions = p[:, None] + self.offsets
 
         key_pos = torch.arange(inp.block_tables.shape[1] * self.block_size, device=p.device)
-        bs = self.block_size
-        context_slots = inp.block_tables[:, key_pos // bs] * bs + key_pos % bs
-        context_kv = [(cache[0][context_slots], cache[1][context_slots]) for cache in self.kv_caches]
+        slots = context_slots(inp.block_tables, key_pos, self.block_size)
+        context_kv = [(cache[0][slots], cache[1][slots]) for cache in self.kv_caches]
         context_mask = key_pos < p[:, None]
 
         embeds = self.target.model.embed_tokens(block_ids)
@@ -249,8 +233,8 @@ class BlockProposer:
         logits = self.target.compute_logits(hidden[:, 1:self.k + 1])  # [R, k, V]
 
         # q is processed exactly as verify processes p; greedy rows get one-hot q on the argmax.
-        q = processed_probs(logits, inp.temperature[:, None], inp.top_k[:, None], inp.top_p[:, None])
-        sampled = sample_from_probs(q, inp.keys[:, None], block_positions[:, 1:self.k + 1], STREAM_DRAFT)
-        drafts = torch.where((inp.temperature == 0)[:, None], logits.argmax(-1), sampled)
+        q = inp.sampling.probs(logits)
+        sampled = sample_from_probs(q, inp.sampling.keys[:, None], block_positions[:, 1:self.k + 1], STREAM_DRAFT)
+        drafts = torch.where((inp.sampling.temperature == 0)[:, None], logits.argmax(-1), sampled)
         num_draft = torch.full((num_reqs,), self.k, dtype=torch.long, device=p.device)
         return drafts, num_draft, q

@@ -7,9 +7,32 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelLoadError, SpecgateError
+from engine.policy import MAX_INFLIGHT_STEPS, kv_lookahead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SPEC_METHODS = (None, "ngram", "block")
+
+
+def read_config_json(folder: Path, kind: str) -> tuple[Path, dict]:
+    """The JSON object in a model or drafter folder's config.json; `kind` names the folder in errors."""
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise ModelLoadError(f"{kind} folder {folder} does not exist or is not a folder")
+    if not path.is_file():
+        raise ModelLoadError(f"{kind} folder {folder} has no config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return path, raw
+
+
+def require_fields(path: Path, raw: dict, required) -> None:
+    missing = [f for f in required if f not in raw]
+    if missing:
+        raise ModelLoadError(f"{path} is missing required fields: {', '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -57,17 +80,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "ModelConfig":
-        path = Path(model_dir) / "config.json"
-        if not Path(model_dir).is_dir():
-            raise ModelLoadError(f"model folder {model_dir} does not exist or is not a folder")
-        if not path.is_file():
-            raise ModelLoadError(f"model folder {model_dir} has no config.json")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object")
+        path, raw = read_config_json(Path(model_dir), "model")
         arch = raw.get("architectures") or ["LlamaForCausalLM"]
         if raw.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in arch:
             raise ModelLoadError(
@@ -77,10 +90,8 @@ class ModelConfig:
             if raw.get(unsupported):
                 raise ModelLoadError(f"{path}: {unsupported}={raw[unsupported]!r} is not supported")
         known = {f for f in cls.__dataclass_fields__}
-        missing = [f for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads", "max_position_embeddings") if f not in raw]
-        if missing:
-            raise ModelLoadError(f"{path} is missing required fields: {', '.join(missing)}")
+        require_fields(path, raw, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads", "max_position_embeddings"))
         kwargs = {k: v for k, v in raw.items() if k in known}
         kwargs.setdefault("num_key_value_heads", raw["num_attention_heads"])
         if isinstance(kwargs.get("eos_token_id"), list):
@@ -150,8 +161,8 @@ class EngineConfig:
     @property
     def max_positions(self) -> int:
         """Positions a request may write: its context, plus the drafts of one verify step and
-        one more step in flight, which the async runner launches before it learns the end."""
-        return self.max_model_len + 2 * self.k + 1
+        the steps in flight, which the async runner launches before it learns the end."""
+        return self.max_model_len + kv_lookahead(self.k, MAX_INFLIGHT_STEPS)
 
     @property
     def blocks_per_seq(self) -> int:
@@ -160,6 +171,11 @@ class EngineConfig:
     @property
     def total_kv_blocks(self) -> int:
         return self.num_kv_blocks or self.max_num_seqs * self.blocks_per_seq
+
+    @property
+    def num_kv_slots(self) -> int:
+        """Slots of a paged KV cache: every block, plus the sink block padding rows write into."""
+        return (self.total_kv_blocks + 1) * self.block_size
 
     @property
     def torch_dtype(self) -> torch.dtype:

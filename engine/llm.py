@@ -17,12 +17,14 @@ from engine.loader import load_model
 from engine.outputs import RequestOutput
 from engine.proposers import NgramProposer
 from engine.request import Request, Status
-from engine.runner import ModelRunner, StepOutput, StepPlan
+from engine.runner import ModelRunner, StepOutput
 from engine.sampling import SamplingParams, request_key
 from engine.scheduler import Scheduler
+from engine.step_plan import StepPlan
+from engine.step_result import StepResult
 from engine.tokenizer import ByteTokenizer
 from engine.trace import StepTrace, trace_step
-from engine.veto import use_async_runner
+from engine.veto import runner_policy
 
 
 def default_model_dir() -> Path:
@@ -53,10 +55,10 @@ class LLM:
                                 f"max_position_embeddings ({self.model_config.max_position_embeddings})")
         if self.config.device.startswith("cuda") and not torch.cuda.is_available():
             raise SpecgateError("device='cuda' was asked for, but no CUDA device is available")
-        self.is_async = use_async_runner(self.config.spec, self.config.async_runner)
+        self.policy = runner_policy(self.config.spec, self.config.async_runner)
         self.model = load_model(model_dir, self.config.device, self.config.torch_dtype)
         self.runner = ModelRunner(self.config, self.model, self._make_proposer())
-        self.scheduler = Scheduler(self.config, num_inflight_steps=1 if self.is_async else 0)
+        self.scheduler = Scheduler(self.config, self.policy)
         self.trace: list[StepTrace] | None = [] if self.config.trace else None
         # Where the host read device results: 'blocking' when the step read was the newest one
         # launched (the device has nothing queued behind it), 'deferred' when a later step was
@@ -66,6 +68,10 @@ class LLM:
         self._next_id = 0
         self._in_flight: InFlight | None = None
         self._finished: list[Request] = []
+
+    @property
+    def is_async(self) -> bool:
+        return self.policy.is_async
 
     def _make_proposer(self):
         if self.config.spec == "ngram":
@@ -118,7 +124,7 @@ class LLM:
     def step(self) -> list[Request]:
         """Run one engine step; returns the requests that finished during it."""
         self._finished = []
-        if self.is_async and self._in_flight and any(r.needs_host_history for r in self.scheduler.running):
+        if self._in_flight and self.policy.drains_before_schedule(self.scheduler.running):
             self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
         batch = self.scheduler.schedule()
@@ -130,7 +136,7 @@ class LLM:
                                f"{len(self.scheduler.waiting)} waiting requests, none schedulable (a scheduler bug)")
         launched = None
         if batch.requests:
-            plan = self.runner.plan_step(batch, self.scheduler.spec_width, self.is_async, self.config.graph)
+            plan = self.runner.plan_step(batch, self.policy, self.config.graph)
             for req, prefill in zip(batch.requests, batch.is_prefill):
                 if prefill:
                     req.needs_prefill = req.is_resumed = False
@@ -139,7 +145,7 @@ class LLM:
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
             self._complete(previous, blocking=launched is None)
-        if not self.is_async and self._in_flight is not None:
+        if not self.policy.completes_late and self._in_flight is not None:
             self._complete(self._in_flight, blocking=True)
             self._in_flight = None
         return self._finished
@@ -147,7 +153,7 @@ class LLM:
     def _start_download(self, flight: InFlight) -> None:
         """Committed ids go to the host on every step, whatever else the step did."""
         out = flight.output
-        packed = torch.cat([out.sampled, out.num_accepted[:, None], out.num_draft[:, None]], dim=1)
+        packed = StepResult.pack(out.sampled, out.num_accepted, out.num_draft)
         if packed.is_cuda:
             flight.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             flight.event = torch.cuda.Event()
@@ -165,20 +171,19 @@ class LLM:
         if flight.event is not None:
             flight.event.synchronize()
         self.host_reads["blocking" if blocking else "deferred"] += 1
-        results = flight.host.tolist()
+        results = StepResult.unpack(flight.host.tolist())
         if self.trace is not None:
-            self.trace.append(trace_step(flight.plan, flight.output, results, self.is_async))
-        width = self.config.k + 1
+            self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
         plan = flight.plan
-        for req, row, prefill, spec_width in zip(plan.requests, results, plan.is_prefill, plan.spec_width):
-            sampled, num_accepted, num_draft = row[:width], row[width], row[width + 1]
+        for row, result in zip(plan.real_rows, results):
+            req = row.request
             if req.is_finished:
                 continue  # the device ran past this request's end; nothing more is emitted
-            if prefill:
+            if row.is_prefill:
                 req.stats.num_prefills += 1
-            elif spec_width > 0:
-                self._count_verify(req, num_draft, num_accepted)
-            produced = sampled[:num_accepted + 1]
+            elif row.spec_width > 0:
+                self._count_verify(req, result.num_draft, result.num_accepted)
+            produced = result.emitted
             for i, token in enumerate(produced):
                 req.output_token_ids.append(token)
                 if req.first_token_step is None:

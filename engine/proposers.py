@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.sampling import SamplingTensors
 from engine.tokenizer import PAD_ID
 
 
@@ -15,10 +16,7 @@ from engine.tokenizer import PAD_ID
 class ProposeInput:
     token_ids: torch.Tensor       # [R, L] committed tokens of each row's request (and stale after)
     num_committed: torch.Tensor   # [R]
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    keys: torch.Tensor
+    sampling: SamplingTensors     # [R] each: drafts are drawn as verify will judge them
     slots: torch.Tensor           # [R] state slots (the block drafter's context lives by slot)
     block_tables: torch.Tensor    # [R, blocks]
 

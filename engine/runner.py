@@ -3,9 +3,11 @@ proposes, all on the device. One step reads top to bottom:
 
     plan (host) -> combine inputs -> forward -> gather logits -> verify -> commit -> propose
 
-The sync and async runners differ in one place only: which rows are *device-fed*, i.e. take
-their last committed token, positions and sequence length from the device state written by
-the previous step instead of from the host (see `plan_step`). Drafts never leave the device.
+Planning (host) lives in engine/step_plan.py. On the device, the sync and async runners differ
+in one place only: which rows are *device-fed*, i.e. take their last committed token,
+positions and sequence length from the device state written by the previous step instead of
+from the host; the runner policy (engine/policy.py) decides that when the step is planned.
+Drafts never leave the device.
 """
 from dataclasses import dataclass, field
 
@@ -14,38 +16,13 @@ import torch
 from engine.attention import build_attention_metadata
 from engine.config import EngineConfig
 from engine.model import LlamaForCausalLM
+from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput
-from engine.request import Request
+from engine.sampling import SamplingTensors
 from engine.scheduler import ScheduledBatch
+from engine.step_plan import StepPlan, StepPlanner
 from engine.tokenizer import PAD_ID
 from engine.verify import verify
-
-REFUSE_PREFILL, REFUSE_RESUMED, REFUSE_HOST_HISTORY = "prefill", "resumed", "host_history"
-
-
-@dataclass
-class StepPlan:
-    """Host-side description of one step; every field is known without reading the device.
-    Rows past len(requests) are padding (graph arm): they run, and their results are dropped."""
-    step: int
-    arm: str                        # "eager" or "graph"
-    requests: list[Request]
-    is_prefill: list[bool]
-    slots: list[int]
-    spec_width: list[int]           # drafts this row's request may verify (k, or 0)
-    query_lens: list[int]
-    num_logits: list[int]
-    host_token_ids: list[int]       # flattened; placeholders where the device supplies ids
-    host_positions: list[int]
-    host_seq_lens: list[int]
-    device_fed: list[bool]
-    refusals: list[str | None]      # why a row is fed from the host (async runner)
-    block_tables: list[list[int]]
-    max_context_len: int
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.slots)
 
 
 @dataclass
@@ -75,85 +52,27 @@ class ModelRunner:
         self.device = cfg.device
         self.k = cfg.k
         self.block_size = cfg.block_size
-        self.table_width = cfg.blocks_per_seq
-        self.sink_block = cfg.total_kv_blocks  # an extra block that padding writes into
+        self.planner = StepPlanner(cfg)
         mc = model.config
-        num_slots_kv = (cfg.total_kv_blocks + 1) * cfg.block_size
-        self.kv_caches = [torch.zeros(2, num_slots_kv, mc.num_key_value_heads, mc.dim_per_head,
+        self.kv_caches = [torch.zeros(2, cfg.num_kv_slots, mc.num_key_value_heads, mc.dim_per_head,
                                       dtype=cfg.torch_dtype, device=cfg.device)
                           for _ in range(mc.num_hidden_layers)]
         self.vocab_size = mc.vocab_size
-        self.padding_slot = cfg.max_num_seqs
-        self.state = DeviceState(cfg.max_num_seqs + 1, self.table_width * cfg.block_size + self.k + 1,
+        self.state = DeviceState(cfg.max_num_seqs + 1, cfg.blocks_per_seq * cfg.block_size + self.k + 1,
                                  self.k, mc.vocab_size, getattr(proposer, "has_q", False), cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
-        self.buckets = graph_buckets(cfg.max_num_seqs)
         self.graphs: dict[int, tuple] = {}
 
-    # ---- host: describe the step ------------------------------------------------------------
-    def plan_step(self, batch: ScheduledBatch, spec_width, is_async: bool, graph: bool) -> StepPlan:
-        ids, positions, seq_lens, query_lens, num_logits = [], [], [], [], []
-        device_fed, refusals, widths, tables = [], [], [], []
-        for req, prefill in zip(batch.requests, batch.is_prefill):
-            width = spec_width(req)
-            refusal = (REFUSE_RESUMED if prefill and req.is_resumed else REFUSE_PREFILL if prefill
-                       else REFUSE_HOST_HISTORY if req.needs_host_history else None)
-            fed = is_async and refusal is None
-            if prefill:
-                tokens = req.all_token_ids
-                ids += tokens
-                positions += range(len(tokens))
-                seq_lens.append(len(tokens))
-                query_lens.append(len(tokens))
-                num_logits.append(1)
-            else:
-                n = req.num_tokens
-                ids += [req.all_token_ids[-1] if not fed else PAD_ID] + [PAD_ID] * width
-                positions += range(n - 1, n + width) if not fed else [0] * (1 + width)
-                seq_lens.append(n + width if not fed else 0)
-                query_lens.append(1 + width)
-                num_logits.append(1 + width)
-            widths.append(width)
-            device_fed.append(fed)
-            refusals.append(refusal if is_async else None)
-            tables.append(req.block_ids + [self.sink_block] * (self.table_width - len(req.block_ids)))
-        max_context = max(len(r.block_ids) for r in batch.requests) * self.block_size  # batches are never empty
-        plan = StepPlan(batch.step, "eager", list(batch.requests), list(batch.is_prefill),
-                        [r.slot for r in batch.requests], widths, query_lens, num_logits, ids,
-                        positions, seq_lens, device_fed, refusals, tables, max_context)
-        if graph and self._fits_graph(plan):
-            self._pad_to_bucket(plan)
-        return plan
-
-    def _fits_graph(self, plan: StepPlan) -> bool:
-        """Graphs serve uniform decode steps: no prefill, every row verifying k drafts."""
-        return not any(plan.is_prefill) and all(w == self.k for w in plan.spec_width) \
-            and not any(r.params.logits_processors for r in plan.requests)
-
-    def _pad_to_bucket(self, plan: StepPlan, bucket: int | None = None) -> None:
-        bucket = bucket or next(b for b in self.buckets if b >= plan.num_rows)
-        width = self.k + 1
-        for _ in range(bucket - plan.num_rows):
-            plan.slots.append(self.padding_slot)
-            plan.is_prefill.append(False)
-            plan.spec_width.append(self.k)
-            plan.query_lens.append(width)
-            plan.num_logits.append(width)
-            plan.host_token_ids += [PAD_ID] * width
-            plan.host_positions += range(width)
-            plan.host_seq_lens.append(width)
-            plan.device_fed.append(False)
-            plan.refusals.append(None)
-            plan.block_tables.append([self.sink_block] * self.table_width)
-        plan.arm = "graph"
-        plan.max_context_len = self.table_width * self.block_size
+    def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
+        return self.planner.plan(batch, policy, graph)
 
     # ---- device: run the step ----------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
         inputs = self._upload(plan)
-        sizes = (max(plan.query_lens), plan.max_context_len, len(plan.host_token_ids), sum(plan.num_logits))
+        query_lens = [row.query_len for row in plan.rows]
+        sizes = (max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows))
         processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
         if plan.arm == "graph" and self.is_cuda:
             out = self._replay(plan.num_rows, inputs, sizes)
@@ -167,21 +86,20 @@ class ModelRunner:
         def tensor(values, dtype=torch.long):
             t = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=self.is_cuda)  # host staging
             return t.to(self.device, non_blocking=True)
-        return dict(slots=tensor(plan.slots), query_lens=tensor(plan.query_lens),
-                    spec_width=tensor(plan.spec_width), num_logits=tensor(plan.num_logits),
-                    device_fed=tensor(plan.device_fed, torch.bool),
-                    is_prefill=tensor(plan.is_prefill, torch.bool),
-                    host_token_ids=tensor(plan.host_token_ids), host_positions=tensor(plan.host_positions),
-                    host_seq_lens=tensor(plan.host_seq_lens), block_tables=tensor(plan.block_tables),
-                    **dict(zip(("temperature", "top_k", "top_p", "keys"), self._sampling_params(plan, tensor))))
-
-    def _sampling_params(self, plan: StepPlan, tensor):
-        pad = plan.num_rows - len(plan.requests)
-        reqs = plan.requests
-        return (tensor([r.params.temperature for r in reqs] + [0.0] * pad, torch.float32),
-                tensor([r.params.top_k for r in reqs] + [-1] * pad),
-                tensor([r.params.top_p for r in reqs] + [1.0] * pad, torch.float32),
-                tensor([r.rng_key for r in reqs] + [0] * pad))
+        rows = plan.rows
+        params = [row.request.params if row.request else None for row in rows]  # None: padding, greedy
+        return dict(slots=tensor([r.slot for r in rows]), query_lens=tensor([r.query_len for r in rows]),
+                    spec_width=tensor([r.spec_width for r in rows]), num_logits=tensor([r.num_logits for r in rows]),
+                    device_fed=tensor([r.device_fed for r in rows], torch.bool),
+                    is_prefill=tensor([r.is_prefill for r in rows], torch.bool),
+                    host_token_ids=tensor([t for r in rows for t in r.token_ids]),
+                    host_positions=tensor([p for r in rows for p in r.positions]),
+                    host_seq_lens=tensor([r.seq_len for r in rows]),
+                    block_tables=tensor([r.block_table for r in rows]),
+                    temperature=tensor([p.temperature if p else 0.0 for p in params], torch.float32),
+                    top_k=tensor([p.top_k if p else -1 for p in params]),
+                    top_p=tensor([p.top_p if p else 1.0 for p in params], torch.float32),
+                    keys=tensor([r.request.rng_key if r.request else 0 for r in rows]))
 
     def device_step(self, inp: dict[str, torch.Tensor], sizes: tuple[int, int, int, int],
                     processors=()) -> dict[str, torch.Tensor]:
@@ -228,12 +146,13 @@ class ModelRunner:
             for proc in req.params.logits_processors:
                 logits[r, 0] = proc(list(req.output_token_ids), logits[r, 0])
 
-        params = (inp["temperature"], inp["top_k"], inp["top_p"], inp["keys"])
+        sampling = SamplingTensors(temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
+                                   keys=inp["keys"])
         num_draft = torch.where(is_verify, torch.minimum(state.num_draft[slots], spec_width), 0)
         drafts = state.draft_token_ids[slots]
         draft_probs = state.draft_probs[slots] if state.draft_probs is not None else None
         first_position = positions[logits_indices[cu_num_logits[:-1]]] + 1
-        sampled, num_accepted = verify(logits, drafts, num_draft, draft_probs, *params, first_position)
+        sampled, num_accepted = verify(logits, drafts, num_draft, draft_probs, sampling, first_position)
 
         # Commit: the accepted drafts and the correction/bonus token join the request.
         out_pos = (first_position[:, None] + torch.arange(width, device=dev)).clamp(
@@ -246,7 +165,7 @@ class ModelRunner:
         if k:
             self.proposer.observe(aux, meta, positions, token_slot)
             new_drafts, new_num_draft, q = self.proposer.propose(ProposeInput(
-                state.token_ids[slots], state.num_committed[slots], *params, slots, inp["block_tables"]))
+                state.token_ids[slots], state.num_committed[slots], sampling, slots, inp["block_tables"]))
             state.draft_token_ids[slots] = new_drafts
             state.num_draft[slots] = torch.where(spec_width > 0, new_num_draft, 0)
             if q is not None:
@@ -261,7 +180,7 @@ class ModelRunner:
         Warm-up and capture run on an all-padding batch: a real batch would be executed twice,
         and a device-fed row would advance its state twice."""
         if bucket not in self.graphs:
-            static_in = self._upload(self._padding_plan(bucket))
+            static_in = self._upload(self.planner.padding_plan(bucket))
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -277,19 +196,9 @@ class ModelRunner:
         graph.replay()
         return {name: t.clone() for name, t in static_out.items()}
 
-    def _padding_plan(self, bucket: int) -> StepPlan:
-        plan = StepPlan(-1, "eager", [], [], [], [], [], [], [], [], [], [], [], [], 0)
-        self._pad_to_bucket(plan, bucket)
-        return plan
-
 
 TRACED_INPUTS = ("input_ids", "positions", "seq_lens", "query_start_loc", "cu_num_logits",
                  "logits_indices", "draft_token_ids")
-
-
-def graph_buckets(max_num_seqs: int) -> list[int]:
-    """Batch sizes a graph is captured for: powers of two up to max_num_seqs, and it."""
-    return [1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs] + [max_num_seqs]
 
 
 def build_logits_indices(query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,

@@ -58,6 +58,20 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True)
+class SamplingTensors:
+    """A step's per-row sampling parameters on the device, one [R] tensor each; padding rows
+    are greedy. verify and the proposers read them by name."""
+    temperature: torch.Tensor     # float32; 0 means greedy
+    top_k: torch.Tensor           # long; -1 or 0: off
+    top_p: torch.Tensor           # float32
+    keys: torch.Tensor            # long; the request's stream key (see request_key)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """processed_probs of logits [R, W, V] with row r's parameters at every one of its W rows."""
+        return processed_probs(logits, self.temperature[:, None], self.top_k[:, None], self.top_p[:, None])
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """An avalanche hash on int64 tensors holding 32-bit values; the multipliers are < 2**31,
     so no product overflows int64."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.policy import RunnerPolicy
 from engine.request import Request, Status
 
 
@@ -19,16 +20,20 @@ class ScheduledBatch:
     step: int
     requests: list[Request] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
+    spec_width: list[int] = field(default_factory=list)  # drafts each row may verify (k, or 0)
     preempted: list[Request] = field(default_factory=list)
 
 
+def spec_width(req: Request, k: int) -> int:
+    """Drafts per verify step for this request: k, or 0 when its sampling needs the host."""
+    return 0 if req.needs_host_history else k
+
+
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, num_inflight_steps: int):
+    def __init__(self, cfg: EngineConfig, policy: RunnerPolicy):
         self.cfg = cfg
         self.block_manager = BlockManager(cfg.total_kv_blocks, cfg.block_size)
-        # KV reserved beyond the host-known length: this step's k drafts, plus one whole
-        # verify step (k + 1 tokens) for each step still in flight whose results we lack.
-        self.lookahead = cfg.k + num_inflight_steps * (cfg.k + 1)
+        self.lookahead = policy.kv_lookahead(cfg.k)  # KV reserved beyond the host-known length
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
@@ -48,8 +53,7 @@ class Scheduler:
         return req.num_tokens if req.needs_prefill else 1 + self.spec_width(req)
 
     def spec_width(self, req: Request) -> int:
-        """Drafts per verify step for this request: k, or 0 when its sampling needs the host."""
-        return 0 if req.needs_host_history else self.cfg.k
+        return spec_width(req, self.cfg.k)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch(step=self.step)
@@ -73,6 +77,7 @@ class Scheduler:
                     budget -= self.query_len(req)
                     batch.requests.append(req)
                     batch.is_prefill.append(False)
+                    batch.spec_width.append(self.spec_width(req))
         self.running = kept
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
@@ -90,6 +95,7 @@ class Scheduler:
             self.running.append(req)
             batch.requests.append(req)
             batch.is_prefill.append(True)
+            batch.spec_width.append(self.spec_width(req))
         return batch
 
     def preempt(self, req: Request) -> None:

@@ -5,7 +5,9 @@ read this trace.
 """
 from dataclasses import dataclass, field
 
-from engine.runner import StepOutput, StepPlan
+from engine.runner import StepOutput
+from engine.step_plan import StepPlan
+from engine.step_result import StepResult
 
 
 @dataclass
@@ -41,17 +43,18 @@ class StepTrace:
         return len(self.requests)
 
 
-def trace_step(plan: StepPlan, out: StepOutput, results: list[list[int]], is_async: bool) -> StepTrace:
+def trace_step(plan: StepPlan, out: StepOutput, results: list[StepResult], route: str) -> StepTrace:
+    """route: the runner policy's label ("sync" or "async"); the plan adds its arm."""
     host = {name: t.tolist() for name, t in out.inputs.items()}
-    record = StepTrace(plan.step, f"{'async' if is_async else 'sync'}/{plan.arm}", plan.num_rows - len(plan.requests))
+    real = plan.real_rows
+    record = StepTrace(plan.step, f"{route}/{plan.arm}", plan.num_rows - len(real))
     qsl, cu = host["query_start_loc"], host["cu_num_logits"]
-    for r, req in enumerate(plan.requests):
-        num_accepted, num_draft = results[r][-2:]  # each row: sampled..., num_accepted, num_draft
+    for r, (row, result) in enumerate(zip(real, results)):
         record.requests.append(RequestTrace(
-            request_id=req.request_id, is_prefill=plan.is_prefill[r], device_fed=plan.device_fed[r],
-            refusal=plan.refusals[r], input_ids=host["input_ids"][qsl[r]:qsl[r + 1]],
+            request_id=row.request.request_id, is_prefill=row.is_prefill, device_fed=row.device_fed,
+            refusal=row.refusal, input_ids=host["input_ids"][qsl[r]:qsl[r + 1]],
             positions=host["positions"][qsl[r]:qsl[r + 1]], seq_len=host["seq_lens"][r],
             logits_indices=host["logits_indices"][cu[r]:cu[r + 1]], query_start=qsl[r],
-            draft_token_ids=host["draft_token_ids"][r][:num_draft], num_draft=num_draft,
-            num_accepted=num_accepted, sampled=results[r][:num_accepted + 1]))
+            draft_token_ids=host["draft_token_ids"][r][:result.num_draft], num_draft=result.num_draft,
+            num_accepted=result.num_accepted, sampled=result.emitted))
     return record

@@ -13,22 +13,22 @@ A row with no drafts (prefill, plain decode) simply draws its one token from p.
 """
 import torch
 
-from engine.sampling import STREAM_ACCEPT, keyed_uniform, processed_probs, sample_from_probs
+from engine.sampling import STREAM_ACCEPT, SamplingTensors, keyed_uniform, sample_from_probs
 
 
 def verify(logits: torch.Tensor, draft_token_ids: torch.Tensor, num_draft: torch.Tensor,
-           draft_probs: torch.Tensor | None, temperature: torch.Tensor, top_k: torch.Tensor,
-           top_p: torch.Tensor, keys: torch.Tensor,
+           draft_probs: torch.Tensor | None, sampling: SamplingTensors,
            first_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [R, W, V]; draft_token_ids [R, W-1]; num_draft [R]; draft_probs [R, W-1, V] or None;
-    first_position [R]: the position of the token drawn at row 0.
+    sampling: each row's parameters; first_position [R]: the position of the token drawn at row 0.
 
     Returns sampled [R, W] (accepted drafts, then the correction or bonus token; -1 after) and
     num_accepted [R].
     """
     num_reqs, width, vocab = logits.shape
     rows = torch.arange(num_reqs, device=logits.device)
-    p = processed_probs(logits, temperature[:, None], top_k[:, None], top_p[:, None])
+    keys = sampling.keys
+    p = sampling.probs(logits)
     draft_pos = torch.arange(width - 1, device=logits.device)
     is_real_draft = draft_pos < num_draft[:, None]
     drafts = draft_token_ids.clamp(0, vocab - 1)

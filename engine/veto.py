@@ -1,4 +1,5 @@
-"""The veto: the one place that decides whether a run uses the async runner.
+"""The veto: the one place that decides whether a run uses the async runner, and hands out
+that runner's policy (engine/policy.py: what the two runners do differently).
 
 Speculative decoding with the async runner is refused by default until `make gates` says it
 is safe; VT_ASYNC_RUNNER=1 or LLM(..., async_runner=True) lifts the veto for a run, and
@@ -8,6 +9,7 @@ import logging
 import os
 
 from engine.errors import SpecgateError
+from engine.policy import RunnerPolicy
 
 log = logging.getLogger("specgate")
 ENV_VAR = "VT_ASYNC_RUNNER"
@@ -29,3 +31,7 @@ def use_async_runner(spec: str | None, requested: bool | None) -> bool:
                     spec, ENV_VAR)
         return False
     return True
+
+
+def runner_policy(spec: str | None, requested: bool | None) -> RunnerPolicy:
+    return RunnerPolicy(is_async=use_async_runner(spec, requested))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from engine.sampling import STREAM_DRAFT, processed_probs, sample_from_probs
+from engine.sampling import STREAM_DRAFT, SamplingTensors, processed_probs, sample_from_probs
 from engine.verify import verify
 
 P_VALUE_THRESHOLD = 1e-3
@@ -56,7 +56,8 @@ def verify_round(num_rounds: int, vocab: int, k: int, drafter: str, lossy: bool,
         drafts = target_logits[:k].argmax(-1).expand(n, -1)
     verify_fn = wrong_q_verify if lossy else verify
     sampled, num_accepted = verify_fn(target_logits.expand(n, -1, -1).clone(), drafts, torch.full((n,), k),
-                                      q, temp, top_k, top_p, keys, torch.ones(n, dtype=torch.long))
+                                      q, SamplingTensors(temperature=temp, top_k=top_k, top_p=top_p, keys=keys),
+                                      torch.ones(n, dtype=torch.long))
     p = torch.softmax(target_logits.double(), dim=-1)
     return p.numpy(), sampled.numpy(), num_accepted.numpy()
 

@@ -27,7 +27,7 @@ def guard_decode_steps(llm, checked: list):
 
     def guarded(plan):
         captures = plan.arm == "graph" and plan.num_rows not in runner.graphs
-        if any(plan.is_prefill) or captures:
+        if any(row.is_prefill for row in plan.rows) or captures:
             return execute(plan)
         torch.cuda.set_sync_debug_mode("error")
         try:

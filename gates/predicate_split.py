@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.runner import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
+from engine.policy import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import runs_difference
 from gates.invariants import mixed_refusals
 from gates.workloads import DRAFTERS, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, gate_settings, run_pair, workloads

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.runner import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
+from engine.policy import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import first_difference, verify_steps
 from gates.workloads import no_immediate_repeat
 from strategies import batches, examples

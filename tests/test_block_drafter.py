@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.errors import ModelLoadError, SpecgateError
 from engine.loader import load_model
 from engine.proposers import ProposeInput
+from engine.sampling import SamplingTensors
 from fixtures import DRAFTER_DIR
 from fixtures.corpus import load_corpus
 from fixtures.train_drafter import block_logits
@@ -76,8 +77,9 @@ def test_propose_matches_training_forward(target_dir):
     anchors = torch.tensor([[37], [81]])
     n = 2
     _, _, q = proposer.propose(ProposeInput(
-        tokens, anchors[:, 0] + 1, torch.ones(n), torch.full((n,), -1), torch.ones(n),
-        torch.zeros(n, dtype=torch.long), torch.arange(n), tables))
+        tokens, anchors[:, 0] + 1, SamplingTensors(temperature=torch.ones(n), top_k=torch.full((n,), -1),
+                                                   top_p=torch.ones(n), keys=torch.zeros(n, dtype=torch.long)),
+        torch.arange(n), tables))
     with torch.no_grad():
         dense = block_logits(proposer.drafter, target, tokens, aux, anchors)
     torch.testing.assert_close(q, dense[:, :4].softmax(-1), atol=1e-5, rtol=1e-4)

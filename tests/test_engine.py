@@ -251,6 +251,6 @@ def test_a_late_arrival_is_waited_for_not_a_stall():
 
 
 def test_graph_buckets_are_powers_of_two_below_the_batch_then_the_batch():
-    from engine.runner import graph_buckets
+    from engine.step_plan import graph_buckets
     assert [graph_buckets(n) for n in (1, 2, 3, 4, 6, 8)] == [[1], [1, 2], [1, 2, 3], [1, 2, 4], [1, 2, 4, 6],
                                                                [1, 2, 4, 8]]

@@ -10,6 +10,7 @@ import torch
 import engine.llm
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.policy import SYNC, RunnerPolicy
 from engine.request import Request, RequestStats
 from engine.sampling import request_key
 from engine.scheduler import Scheduler
@@ -257,11 +258,11 @@ def request(request_id, prompt_len, **params) -> Request:
 @pytest.mark.parametrize("k, inflight, lookahead", [(0, 0, 0), (0, 1, 1), (3, 0, 3), (3, 1, 7), (5, 1, 11)])
 def test_scheduler_lookahead_is_k_plus_a_verify_step_per_step_in_flight(k, inflight, lookahead):
     cfg = config(spec="ngram", num_spec_tokens=k) if k else config()
-    assert Scheduler(cfg, num_inflight_steps=inflight).lookahead == lookahead
+    assert Scheduler(cfg, RunnerPolicy(is_async=bool(inflight))).lookahead == lookahead
 
 
 def test_a_prompt_that_fills_the_remaining_budget_exactly_is_admitted():
-    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64), 0)
+    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64), SYNC)
     for i, n in enumerate((30, 34)):
         sched.add(request(i, n))
     batch = sched.schedule()
@@ -271,7 +272,7 @@ def test_a_prompt_that_fills_the_remaining_budget_exactly_is_admitted():
 def test_a_resumed_request_waits_until_its_recompute_fits_the_budget():
     """A preempted request is recomputed from its prompt and output: its query is all of them,
     and the step's tokens stay within max_num_batched_tokens."""
-    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64), 0)
+    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64), SYNC)
     big = request(0, 62)
     sched.add(big)
     assert sched.schedule().requests == [big]
@@ -291,7 +292,7 @@ def test_a_resumed_request_waits_until_its_recompute_fits_the_budget():
 
 
 def test_preemptions_are_counted_and_finish_releases_the_slot():
-    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=2), 0)
+    sched = Scheduler(config(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=2), SYNC)
     req = request(0, 10)
     sched.add(req)
     for _ in range(2):
@@ -305,7 +306,7 @@ def test_preemptions_are_counted_and_finish_releases_the_slot():
 
 
 def test_a_request_that_needs_host_history_gets_no_drafts():
-    sched = Scheduler(config(spec="ngram", num_spec_tokens=3), 0)
+    sched = Scheduler(config(spec="ngram", num_spec_tokens=3), SYNC)
     plain, processed = request(0, 5), request(1, 5, logits_processors=[no_immediate_repeat])
     assert (sched.spec_width(plain), sched.spec_width(processed)) == (3, 0)
     processed.needs_prefill = False
@@ -313,7 +314,7 @@ def test_a_request_that_needs_host_history_gets_no_drafts():
 
 
 def test_the_oldest_request_grows_by_preempting_the_newest():
-    sched = Scheduler(config(max_model_len=48, max_num_batched_tokens=48, num_kv_blocks=4), 0)
+    sched = Scheduler(config(max_model_len=48, max_num_batched_tokens=48, num_kv_blocks=4), SYNC)
     old, new = request(0, 16), request(1, 32)  # 1 + 2 of the 4 blocks
     sched.add(old)
     sched.add(new)

@@ -5,8 +5,11 @@ import torch
 
 from engine.metrics import Acceptance
 from engine.request import Request, RequestStats
-from engine.runner import StepOutput, StepPlan
+from engine.policy import ASYNC, SYNC
+from engine.runner import StepOutput
 from engine.sampling import SamplingParams
+from engine.step_plan import RowPlan, StepPlan
+from engine.step_result import StepResult
 from engine.trace import RequestTrace, StepTrace, trace_step
 
 
@@ -47,11 +50,13 @@ def step(is_async: bool, arm: str, num_rows: int):
     """Two requests (a prefill of 3 tokens, a verify of 1 + 2 drafts), then padding rows."""
     reqs = [request(11), request(12)]
     pad = num_rows - 2
-    plan = StepPlan(step=7, arm=arm, requests=reqs, is_prefill=[True, False], slots=list(range(num_rows)),
-                    spec_width=[0, 2] + [0] * pad, query_lens=[3, 3] + [1] * pad, num_logits=[1, 3] + [1] * pad,
-                    host_token_ids=[], host_positions=[], host_seq_lens=[], device_fed=[False, True] + [False] * pad,
-                    refusals=["prefill", None] + [None] * pad, block_tables=[[0], [1]] + [[2]] * pad,
-                    max_context_len=8)
+    rows = [RowPlan(request=reqs[0], slot=0, is_prefill=True, spec_width=0, token_ids=[1, 2, 3],
+                    positions=[0, 1, 2], seq_len=3, num_logits=1, block_table=[0], refusal="prefill"),
+            RowPlan(request=reqs[1], slot=1, is_prefill=False, spec_width=2, token_ids=[0, 0, 0],
+                    positions=[0, 0, 0], seq_len=0, num_logits=3, block_table=[1], device_fed=True)]
+    rows += [RowPlan(request=None, slot=2 + i, is_prefill=False, spec_width=0, token_ids=[0], positions=[0],
+                     seq_len=1, num_logits=1, block_table=[2]) for i in range(pad)]
+    plan = StepPlan(step=7, arm=arm, rows=rows, max_context_len=8)
     inputs = {"input_ids": torch.tensor([1, 2, 3, 40, 41, 42] + [0] * pad),
               "positions": torch.tensor([0, 1, 2, 5, 6, 7] + [0] * pad),
               "seq_lens": torch.tensor([3, 8] + [1] * pad),
@@ -62,8 +67,8 @@ def step(is_async: bool, arm: str, num_rows: int):
     out = StepOutput(torch.zeros(num_rows, 3, dtype=torch.long), torch.zeros(num_rows, dtype=torch.long),
                      torch.zeros(num_rows, dtype=torch.long), inputs)
     # each row: k + 1 sampled (accepted drafts, then the correction/bonus; -1 after), num_accepted, num_draft
-    results = [[9, -1, -1, 0, 0], [41, 77, -1, 1, 2]] + [[5, -1, -1, 0, 0]] * pad
-    return trace_step(plan, out, results, is_async)
+    results = StepResult.unpack([[9, -1, -1, 0, 0], [41, 77, -1, 1, 2]] + [[5, -1, -1, 0, 0]] * pad)
+    return trace_step(plan, out, results, (ASYNC if is_async else SYNC).route)
 
 
 @pytest.mark.parametrize("is_async, arm, num_rows, route", [

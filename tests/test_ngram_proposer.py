@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.proposers import NgramProposer, ProposeInput
+from engine.sampling import SamplingTensors
 from engine.tokenizer import PAD_ID
 from tests.strategies import examples
 
@@ -19,8 +20,8 @@ def propose(rows: list[list[int]], committed: list[int], k: int, **sizes):
     tokens = torch.tensor(rows, dtype=torch.long)
     r = len(rows)
     inp = ProposeInput(token_ids=tokens, num_committed=torch.tensor(committed, dtype=torch.long),
-                       temperature=torch.zeros(r), top_k=torch.zeros(r, dtype=torch.long),
-                       top_p=torch.ones(r), keys=torch.zeros(r, dtype=torch.long),
+                       sampling=SamplingTensors(temperature=torch.zeros(r), top_k=torch.zeros(r, dtype=torch.long),
+                                                top_p=torch.ones(r), keys=torch.zeros(r, dtype=torch.long)),
                        slots=torch.arange(r), block_tables=torch.zeros(r, 1, dtype=torch.long))
     drafts, num_draft, q = NgramProposer(k, **sizes).propose(inp)
     assert q is None, "n-gram drafts are one-hot: no q"

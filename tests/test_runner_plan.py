@@ -10,10 +10,10 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.proposers import NgramProposer
 from engine.request import Request
-from engine.runner import (REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, DeviceState,
-                           ModelRunner)
+from engine.policy import ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC
+from engine.runner import DeviceState, ModelRunner
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch
+from engine.scheduler import ScheduledBatch, spec_width
 from engine.tokenizer import PAD_ID
 
 K, BLOCK, MAX_SEQS, MAX_LEN = 2, 4, 8, 16
@@ -37,30 +37,36 @@ def req(rid, prompt, output=(), blocks=(0,), slot=0, resumed=False, **params):
 
 
 def host_width(r):
-    """The scheduler's rule: no drafts for a request whose sampling needs the host."""
-    return 0 if r.needs_host_history else K
+    """The scheduler's rule (engine.scheduler.spec_width), at this test's k."""
+    return spec_width(r, K)
 
 
-def plan(runner, rows, is_async=False, graph=False, spec_width=host_width):
-    batch = ScheduledBatch(step=7, requests=[r for r, _ in rows], is_prefill=[p for _, p in rows])
-    return runner.plan_step(batch, spec_width, is_async, graph)
+def plan(runner, rows, is_async=False, graph=False, width=host_width):
+    batch = ScheduledBatch(step=7, requests=[r for r, _ in rows], is_prefill=[p for _, p in rows],
+                           spec_width=[width(r) for r, _ in rows])
+    return runner.plan_step(batch, ASYNC if is_async else SYNC, graph)
 
 
 def fields(p):
-    return dict(arm=p.arm, slots=p.slots, is_prefill=p.is_prefill, spec_width=p.spec_width,
-                query_lens=p.query_lens, num_logits=p.num_logits, host_token_ids=p.host_token_ids,
-                host_positions=p.host_positions, host_seq_lens=p.host_seq_lens, device_fed=p.device_fed,
-                refusals=p.refusals, block_tables=p.block_tables, max_context_len=p.max_context_len)
+    """The plan's rows, column by column (host ids and positions flattened, as uploaded)."""
+    rows = p.rows
+    return dict(arm=p.arm, slots=[r.slot for r in rows], is_prefill=[r.is_prefill for r in rows],
+                spec_width=[r.spec_width for r in rows], query_lens=[r.query_len for r in rows],
+                num_logits=[r.num_logits for r in rows],
+                host_token_ids=[t for r in rows for t in r.token_ids],
+                host_positions=[q for r in rows for q in r.positions], host_seq_lens=[r.seq_len for r in rows],
+                device_fed=[r.device_fed for r in rows], refusals=[r.refusal for r in rows],
+                block_tables=[r.block_table for r in rows], max_context_len=p.max_context_len)
 
 
 def test_sync_plan_feeds_every_row_from_the_host():
     runner = make_runner()
-    sink = runner.sink_block
-    assert sink == MAX_SEQS * runner.table_width  # the block after the last real one
+    sink = runner.planner.sink_block
+    assert sink == MAX_SEQS * runner.planner.table_width  # the block after the last real one
     prefill = req(0, [1, 2, 3], blocks=[0], slot=0)
     decode = req(1, [5, 6], output=[7], blocks=[1, 2], slot=2)
     p = plan(runner, [(prefill, True), (decode, False)])
-    tw = runner.table_width
+    tw = runner.planner.table_width
     assert fields(p) == dict(
         arm="eager", slots=[0, 2], is_prefill=[True, False], spec_width=[K, K],
         query_lens=[3, 1 + K], num_logits=[1, 1 + K],
@@ -94,13 +100,13 @@ def test_async_plan_feeds_decode_rows_from_the_device_and_says_why_others_are_no
 
 def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
     runner = make_runner()
-    tw, sink = runner.table_width, runner.sink_block
+    tw, sink = runner.planner.table_width, runner.planner.sink_block
     rows = [(req(i, [1, 2, 3], output=[4 + i], blocks=[i], slot=i), False) for i in range(3)]
     p = plan(runner, rows, graph=True)
     width = K + 1
     assert p.num_rows == 4 and len(p.requests) == 3  # bucket 4 of [1, 2, 4, 8]
     assert fields(p) == dict(
-        arm="graph", slots=[0, 1, 2, runner.padding_slot], is_prefill=[False] * 4, spec_width=[K] * 4,
+        arm="graph", slots=[0, 1, 2, runner.planner.padding_slot], is_prefill=[False] * 4, spec_width=[K] * 4,
         query_lens=[width] * 4, num_logits=[width] * 4,
         host_token_ids=[4, PAD_ID, PAD_ID, 5, PAD_ID, PAD_ID, 6, PAD_ID, PAD_ID] + [PAD_ID] * width,
         host_positions=[3, 4, 5] * 3 + list(range(width)), host_seq_lens=[4 + K] * 3 + [width],
@@ -116,10 +122,11 @@ def test_graph_plan_rows_are_the_smallest_bucket_that_holds_the_batch(max_num_se
     batch = [(req(i, [1, 2], output=[3], slot=i, blocks=[i]), False) for i in range(rows)]
     p = plan(runner, batch, graph=True)
     assert (p.arm, p.num_rows, len(p.requests)) == ("graph", bucket, rows)
-    assert p.slots[rows:] == [runner.padding_slot] * (bucket - rows)
+    assert [r.slot for r in p.rows[rows:]] == [runner.planner.padding_slot] * (bucket - rows)
+    assert all(r.request is None for r in p.rows[rows:])
 
 
-@pytest.mark.parametrize("rows, graph, spec_width, arm", [
+@pytest.mark.parametrize("rows, graph, width, arm", [
     ([("decode", False), ("decode", False)], True, host_width, "graph"),
     ([("decode", False), ("decode", False)], False, host_width, "eager"),   # graph off
     ([("prefill", True), ("decode", False)], True, host_width, "eager"),    # a prefill row
@@ -128,12 +135,12 @@ def test_graph_plan_rows_are_the_smallest_bucket_that_holds_the_batch(max_num_se
     ([("decode", False), ("decode", False)], True, lambda r: 0, "eager"),   # narrower than k
     ([("procs", False)], True, lambda r: K, "eager"),                       # host callables
 ], ids=["uniform-decode", "graph-off", "prefill", "prefill-only", "host-history", "width-0", "processors"])
-def test_only_uniform_decode_steps_take_the_graph_arm(rows, graph, spec_width, arm):
+def test_only_uniform_decode_steps_take_the_graph_arm(rows, graph, width, arm):
     runner = make_runner()
     kinds = {"decode": {}, "prefill": {}, "procs": {"logits_processors": [keep]}}
     batch = [(req(i, [1, 2], output=[] if prefill else [3], slot=i, blocks=[i], **kinds[kind]), prefill)
              for i, (kind, prefill) in enumerate(rows)]
-    p = plan(runner, batch, graph=graph, spec_width=spec_width)
+    p = plan(runner, batch, graph=graph, width=width)
     assert p.arm == arm
     assert p.num_rows == len(rows)  # buckets 1 and 2 need no padding
 
@@ -156,7 +163,7 @@ def test_upload_gives_padding_rows_greedy_params_and_fixed_dtypes():
                           device_fed=torch.bool, is_prefill=torch.bool, host_token_ids=torch.long,
                           host_positions=torch.long, host_seq_lens=torch.long, block_tables=torch.long,
                           temperature=torch.float32, top_k=torch.long, top_p=torch.float32, keys=torch.long)
-    assert inp["block_tables"].shape == (3, runner.table_width)
+    assert inp["block_tables"].shape == (3, runner.planner.table_width)
 
 
 @pytest.mark.parametrize("has_q", [False, True], ids=["one-hot-q", "drafter-q"])
@@ -167,10 +174,10 @@ def test_runner_buffers(has_q):
     if has_q:
         proposer.has_q = True
     runner = make_runner(proposer=proposer, num_kv_blocks=20)
-    tw = runner.table_width
+    tw = runner.planner.table_width
     assert tw * BLOCK >= MAX_LEN + 2 * K + 1  # every position a request may write
     s = runner.state
-    assert runner.padding_slot == MAX_SEQS == s.token_ids.shape[0] - 1
+    assert runner.planner.padding_slot == MAX_SEQS == s.token_ids.shape[0] - 1
     assert s.token_ids.shape == (MAX_SEQS + 1, tw * BLOCK + K + 1) and s.token_ids.dtype == torch.long
     assert (s.token_ids == PAD_ID).all()
     assert s.num_committed.tolist() == [1] * (MAX_SEQS + 1)

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.policy import SYNC, RunnerPolicy
 from engine.request import Request, Status
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
@@ -86,7 +87,7 @@ class CheckedScheduler:
 
     def __init__(self, cfg: EngineConfig, num_inflight_steps: int, rng: random.Random):
         self.cfg = cfg
-        self.sched = Scheduler(cfg, num_inflight_steps)
+        self.sched = Scheduler(cfg, RunnerPolicy(is_async=bool(num_inflight_steps)))
         self.rng = rng  # how many drafts each verify step accepts
         self.requests: list[Request] = []
         self.first_admitted: list[int] = []
@@ -236,7 +237,7 @@ def run_to_completion(sched: Scheduler, max_steps: int = 500):
 
 
 def test_max_num_seqs_and_arrival_order():
-    sched = Scheduler(make_config(max_model_len=64, max_num_seqs=2), num_inflight_steps=0)
+    sched = Scheduler(make_config(max_model_len=64, max_num_seqs=2), SYNC)
     reqs = [make_request(i, 5 + i, max_tokens=3) for i in range(5)]
     for r in reqs:
         sched.add(r)
@@ -248,7 +249,7 @@ def test_max_num_seqs_and_arrival_order():
 
 
 def test_token_budget_holds_back_a_prompt_until_it_fits():
-    sched = Scheduler(make_config(max_model_len=64, max_num_batched_tokens=64), num_inflight_steps=0)
+    sched = Scheduler(make_config(max_model_len=64, max_num_batched_tokens=64), SYNC)
     a, b = make_request(0, 40, max_tokens=4), make_request(1, 30, max_tokens=4)
     sched.add(a)
     sched.add(b)
@@ -281,7 +282,7 @@ def test_a_tiny_context_with_speculation_still_finishes():
 
 
 def test_arrival_step_holds_a_request_back():
-    sched = Scheduler(make_config(max_model_len=64), num_inflight_steps=0)
+    sched = Scheduler(make_config(max_model_len=64), SYNC)
     late = make_request(0, 4, max_tokens=10, arrival_step=3)
     sched.add(late)
     steps = [bool(sched.schedule().requests) for _ in range(4)]
@@ -292,7 +293,7 @@ def test_preemption_takes_the_newest_and_resumes_it_before_later_arrivals():
     # 64-token context, blocks of 16: 5 blocks per request (context plus one token of slack);
     # a cache of 6 blocks holds three 16-token prompts and lets them grow to 32 tokens.
     cfg = make_config(max_model_len=64, block_size=16, num_kv_blocks=6, max_num_seqs=4)
-    sched = Scheduler(cfg, num_inflight_steps=0)
+    sched = Scheduler(cfg, SYNC)
     a, b, c = (make_request(i, 16, max_tokens=30) for i in range(3))
     late = make_request(3, 4, max_tokens=2, arrival_step=1)
     for r in (a, b, c, late):
@@ -317,7 +318,7 @@ def test_preemption_takes_the_newest_and_resumes_it_before_later_arrivals():
 
 def test_a_lone_request_that_cannot_grow_preempts_itself_only_when_nothing_else_runs():
     cfg = make_config(max_model_len=32, block_size=8, num_kv_blocks=5, max_num_seqs=2)
-    sched = Scheduler(cfg, num_inflight_steps=0)
+    sched = Scheduler(cfg, SYNC)
     a, b = make_request(0, 16, max_tokens=15), make_request(1, 16, max_tokens=15)
     sched.add(a)
     sched.add(b)

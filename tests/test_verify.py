@@ -11,6 +11,7 @@ lossy acceptance rule, must fail the same test.
 import pytest
 import torch
 
+from engine.sampling import SamplingTensors
 from engine.verify import verify
 from gates.distribution import P_VALUE_THRESHOLD, position_p_values, verify_round
 
@@ -26,8 +27,9 @@ def _greedy_inputs(target_rows, drafts, num_draft):
             logits[r, j, tok] = 5.0
     zeros = torch.zeros(num_reqs)
     return dict(logits=logits, draft_token_ids=torch.tensor(drafts), num_draft=torch.tensor(num_draft),
-                draft_probs=None, temperature=zeros, top_k=torch.full((num_reqs,), -1),
-                top_p=torch.ones(num_reqs), keys=torch.arange(num_reqs), first_position=torch.zeros(num_reqs, dtype=torch.long))
+                draft_probs=None, sampling=SamplingTensors(temperature=zeros, top_k=torch.full((num_reqs,), -1),
+                                                           top_p=torch.ones(num_reqs), keys=torch.arange(num_reqs)),
+                first_position=torch.zeros(num_reqs, dtype=torch.long))
 
 
 def test_greedy_accepts_longest_matching_prefix_then_the_target_token():
@@ -61,8 +63,9 @@ def test_negative_control_lossy_acceptance_fails_the_same_test():
 def test_rows_without_drafts_draw_one_token(k):
     logits = torch.randn(3, k + 1, 10)
     sampled, num_accepted = verify(logits, torch.zeros(3, k, dtype=torch.long), torch.zeros(3, dtype=torch.long),
-                                   None, torch.zeros(3), torch.full((3,), -1), torch.ones(3),
-                                   torch.arange(3), torch.zeros(3, dtype=torch.long))
+                                   None, SamplingTensors(temperature=torch.zeros(3), top_k=torch.full((3,), -1),
+                                                         top_p=torch.ones(3), keys=torch.arange(3)),
+                                   torch.zeros(3, dtype=torch.long))
     assert num_accepted.tolist() == [0, 0, 0]
     assert sampled[:, 0].tolist() == logits[:, 0].argmax(-1).tolist()
     assert (sampled[:, 1:] == -1).all()

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from engine.sampling import STREAM_ACCEPT, keyed_uniform, processed_probs, sample_from_probs
+from engine.sampling import STREAM_ACCEPT, SamplingTensors, keyed_uniform, processed_probs, sample_from_probs
 from engine.verify import verify
 
 NEG = -math.inf
@@ -24,8 +24,13 @@ def logits_of(probs: torch.Tensor) -> torch.Tensor:
 
 def run(logits, drafts, num_draft, draft_probs, keys, first_position):
     num_reqs = logits.shape[0]
-    return verify(logits, drafts, num_draft, draft_probs, torch.ones(num_reqs), torch.full((num_reqs,), -1),
-                  torch.ones(num_reqs), keys, first_position)
+    return verify(logits, drafts, num_draft, draft_probs, sampling(torch.ones(num_reqs), keys), first_position)
+
+
+def sampling(temperature, keys) -> SamplingTensors:
+    """Plain sampling at `temperature`: no top-k, no top-p."""
+    n = keys.shape[0]
+    return SamplingTensors(temperature=temperature, top_k=torch.full((n,), -1), top_p=torch.ones(n), keys=keys)
 
 
 def accept_uniform(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -166,8 +171,7 @@ def test_padding_drafts_may_hold_any_id(pad):
     real = logits[:, :-1].argmax(-1)
     num_draft = torch.tensor([0, 1, 2, 3])
     keep = torch.arange(k) < num_draft[:, None]
-    args = (num_draft, None, torch.zeros(4), torch.full((4,), -1), torch.ones(4), torch.arange(4),
-            torch.zeros(4, dtype=torch.long))
+    args = (num_draft, None, sampling(torch.zeros(4), torch.arange(4)), torch.zeros(4, dtype=torch.long))
     padded = verify(logits, torch.where(keep, real, pad), *args)
     zeros = verify(logits, torch.where(keep, real, 0), *args)
     assert padded[0].tolist() == zeros[0].tolist() and padded[1].tolist() == [0, 1, 2, 3]
@@ -178,7 +182,7 @@ def test_rows_without_drafts_accept_an_empty_q():
     token from p, as with draft_probs None."""
     logits = torch.randn(3, 1, 10, generator=torch.Generator().manual_seed(4))
     args = (torch.zeros(3, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long))
-    rest = (torch.ones(3), torch.full((3,), -1), torch.ones(3), torch.arange(3), torch.zeros(3, dtype=torch.long))
+    rest = (sampling(torch.ones(3), torch.arange(3)), torch.zeros(3, dtype=torch.long))
     with_q = verify(logits, *args, torch.zeros(3, 0, 10), *rest)
     without = verify(logits, *args, None, *rest)
     assert with_q[0].tolist() == without[0].tolist() and with_q[1].tolist() == [0, 0, 0]

@@ -46,8 +46,8 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos < seq_lens[:, None])[:, None, :]
     # A padded query row sees key 0 only, so softmax has a finite input; its output is discarded.
     mask[:, :, 0] |= query_pos < 0
-    return AttentionMetadata(slot_mapping, context_slots(block_tables, key_pos, block_size), query_req, query_offset,
-                             mask[:, None], max_query_len)
+    return AttentionMetadata(slot_mapping, context_slots(block_tables, key_pos, block_size), query_req,
+                             query_offset, mask[:, None], max_query_len)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

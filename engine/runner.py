@@ -89,7 +89,8 @@ class ModelRunner:
         rows = plan.rows
         params = [row.request.params if row.request else None for row in rows]  # None: padding, greedy
         return dict(slots=tensor([r.slot for r in rows]), query_lens=tensor([r.query_len for r in rows]),
-                    spec_width=tensor([r.spec_width for r in rows]), num_logits=tensor([r.num_logits for r in rows]),
+                    spec_width=tensor([r.spec_width for r in rows]),
+                    num_logits=tensor([r.num_logits for r in rows]),
                     device_fed=tensor([r.device_fed for r in rows], torch.bool),
                     is_prefill=tensor([r.is_prefill for r in rows], torch.bool),
                     host_token_ids=tensor([t for r in rows for t in r.token_ids]),

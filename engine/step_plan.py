@@ -94,7 +94,8 @@ class StepPlanner:
 
     def _fits_graph(self, plan: StepPlan) -> bool:
         """Graphs serve uniform decode steps: no prefill, every row verifying k drafts."""
-        return not any(row.is_prefill for row in plan.rows) and all(row.spec_width == self.k for row in plan.rows) \
+        rows = plan.rows
+        return not any(row.is_prefill for row in rows) and all(row.spec_width == self.k for row in rows) \
             and not any(r.params.logits_processors for r in plan.requests)
 
     def _pad_to_bucket(self, plan: StepPlan, bucket: int | None = None) -> StepPlan:

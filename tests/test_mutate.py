@@ -201,7 +201,7 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
     (["--since", "HEAD", "--only", "engine.verify.*"], "not both"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(capsys, args, message):
-    from engine.cli import main
+    from specgate_cli import main
     assert main(["mutate", *args]) == 2
     assert message in capsys.readouterr().err
 

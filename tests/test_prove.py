@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from mutants import catalogue, matrix
 from mutants.apply import StalePatch, apply_patch, copy_tree, parse_patch, patched_files, source_files
 from mutants.catalogue import DEFECTS, Defect
 from mutants.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
-from mutants.prove import add_prove_parser, prove, stale_check
+from mutants.prove import ProveOptions, add_prove_parser, prove, stale_check
 
 # Each runs whole gate sessions in subprocesses: left out of mutation runs.
 pytestmark = pytest.mark.slow
@@ -58,15 +59,26 @@ def test_at_least_two_defects_claim_every_token_unchanged_and_are_caught_by_emit
 
 
 def test_every_cpu_gate_is_named_by_a_cpu_defect_and_every_gate_by_some_defect():
+    proven = catalogue.proven_against(g.name for g in registry.GATES)
     for g in registry.GATES:
-        assert g.proven_against, f"gate {g.name} is proven against no defect"
+        assert proven[g.name], f"gate {g.name} is proven against no defect"
         if g.needs == "cpu":
             cpu = [d.name for d in DEFECTS if g.name in d.gates and d.needs == "cpu"]
             assert cpu, f"CPU gate {g.name} is named only by defects that need CUDA"
 
 
+def test_proven_against_is_read_from_the_mutants_catalogue():
+    defects = [types.SimpleNamespace(name="stale-drafts", gates=("emit-count", "combine")),
+               types.SimpleNamespace(name="reason-a-fallback", gates=("reason-a",))]
+    proven = catalogue.proven_against((g.name for g in registry.GATES), defects)
+    assert list(proven) == [g.name for g in registry.GATES]
+    assert proven["emit-count"] == ("stale-drafts",)
+    assert proven["reason-a"] == ("reason-a-fallback",)
+    assert proven["busy"] == ()
+
+
 def test_gates_list_reads_the_defects_from_the_catalogue(capsys):
-    from gates.cli import main
+    from specgate_cli import main
     assert main(["gates", "list"]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("reason-a "))
@@ -82,8 +94,10 @@ def test_each_defect_has_its_patch_and_every_patch_a_defect():
 def test_mutants_holds_no_mutmut_files():
     """mutmut 3 works in a folder called mutants/ too: none of its files may land in ours."""
     folder = REPO / "mutants"
-    ours = {"__init__.py", "catalogue.py", "apply.py", "matrix.py", "prove.py", "README.md", "patches", "__pycache__",
-            "mutate.py", "mutation_plugin.py", "mutation_report.py", "mutation-testing-report.schema.json",
+    ours = {"__init__.py", "catalogue.py", "apply.py", "matrix.py", "prove.py", "prover.py", "child_env.py",
+            "README.md", "patches", "__pycache__", "mutate.py", "mutation_stage.py", "mutation_run.py",
+            "mutation_results.py", "mutation_ratchet.py", "mutation_plugin.py", "mutation_report.py",
+            "mutation-testing-report.schema.json",
             "equivalent-mutants.toml", "mutation-baseline.json"}
     assert {p.name for p in folder.iterdir()} <= ours
     assert not list(folder.rglob("*mutmut*")) and not list(folder.rglob("*.meta"))
@@ -220,9 +234,13 @@ def clean_run(**over):
     return ran(CLEAN, **statuses)
 
 
-def judge(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE):
-    return matrix.verdict(defects, good_runs() if runs is None else runs, clean or clean_run(), NEEDS,
-                          has_cuda, complete)
+def proof(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE) -> matrix.Proof:
+    return matrix.judge(defects, good_runs() if runs is None else runs, clean or clean_run(), NEEDS,
+                        has_cuda, complete)
+
+
+def judge(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE) -> matrix.Verdict:
+    return proof(runs, clean, has_cuda, complete, defects).verdict
 
 
 def test_all_red_where_named_and_green_on_the_clean_tree_passes_and_cuda_is_skipped_not_failed():
@@ -284,15 +302,14 @@ def test_a_token_changing_defect_lossless_missed_is_noted_not_failed():
 def test_the_matrix_marks_expected_cells_and_broken_ones():
     runs = good_runs()
     runs["stale-drafts"].gates["combine"]["status"] = GREEN
-    v = judge(runs)
-    table = {r[0]: dict(zip(matrix.rows(FAKE, runs, clean_run(), NEEDS, False, v)[0], r))
-             for r in matrix.rows(FAKE, runs, clean_run(), NEEDS, False, v)[1:]}
+    p = proof(runs)
+    table = {r[0]: dict(zip(matrix.rows(p)[0], r)) for r in matrix.rows(p)[1:]}
     assert table["stale-drafts"]["combine"] == "● green ✗" and table["stale-drafts"]["run"] == "FAILED"
     assert table["stale-drafts"]["emit-count"] == "● red" and table["stale-drafts"]["lossless"] == "red"
     assert table["prefill-proposes-nothing"]["lossless"] == "○ green"
     assert table["host-sync-in-device-step"]["run"] == "skipped (needs CUDA)"
     assert table[CLEAN]["no-sync"] == "skipped" and table[CLEAN]["run"] == "ok"
-    md = matrix.markdown(FAKE, runs, clean_run(), NEEDS, False, v, {"wall_s": 1.0, "jobs": 2, "device": "cpu"})
+    md = matrix.markdown(p, {"wall_s": 1.0, "jobs": 2, "device": "cpu"})
     assert "| `stale-drafts` |" in md and "**FAIL**" in md and matrix.LEGEND in md
 
 
@@ -334,8 +351,9 @@ def fake_command(names, json_path, device):
 def test_prove_plants_each_defect_in_a_copy_runs_in_parallel_and_cleans_up(fake_repo, tmp_path):
     before = {p: p.read_bytes() for p in fake_repo.rglob("*") if p.is_file() and ".git" not in p.parts}
     defects = [Defect("off-by-one", "x", ("combine",), token_invisible=True)]
-    v, runs, clean, *_ = prove(defects, jobs=2, repo=fake_repo, cuda=False, progress=False,
-                               command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
+    p = prove(defects, ProveOptions(jobs=2, progress=False), repo=fake_repo, cuda=False,
+              command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
+    v, runs, clean = p.verdict, p.runs, p.clean
     assert v.exit_status == 1 and v.problems == ["gate lossless (cpu) is proven against no defect"]
     assert {g: r["status"] for g, r in runs["off-by-one"].gates.items()} == {"lossless": GREEN, "combine": RED}
     assert clean.cell("combine") == GREEN and clean.cell("lossless") == GREEN
@@ -345,8 +363,9 @@ def test_prove_plants_each_defect_in_a_copy_runs_in_parallel_and_cleans_up(fake_
 
 def test_a_tree_that_outlives_its_timeout_fails_and_is_ended(fake_repo, tmp_path):
     defects = [Defect("sleeps", "x", ("combine",))]
-    v, runs, *_ = prove(defects, jobs=2, repo=fake_repo, cuda=False, progress=False, timeout_s=2,
-                        command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"}, complete=False)
+    p = prove(defects, ProveOptions(jobs=2, progress=False, timeout_s=2, complete=False), repo=fake_repo,
+              cuda=False, command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
+    v, runs = p.verdict, p.runs
     assert runs["sleeps"].status == TIMEOUT and "sleeps: timeout" in v.problems
     assert runs["sleeps"].seconds < 30
     assert list((tmp_path / "tmp").iterdir()) == []
@@ -394,7 +413,6 @@ def test_prove_command_line():
 
 
 def test_the_report_is_json():
-    v = judge()
-    report = matrix.report(FAKE, good_runs(), clean_run(), NEEDS, False, v, {"wall_s": 1.0})
+    report = matrix.report(proof(), {"wall_s": 1.0})
     again = json.loads(json.dumps(report))
     assert again["exit_status"] == 0 and [d["name"] for d in again["defects"]] == [d.name for d in FAKE]

@@ -1,4 +1,6 @@
 """Bad input is refused with an error that names what is wrong, and refusing it changes nothing.
+Over 300 lines because it is one table per kind of input (folders, arguments, sampling, requests),
+and a user looking for what an error means should find every refusal in one place.
 
 Model folders: each case copies the fixture target into tmp_path and damages one thing.
 Requests: a refused request leaves every other request's tokens exactly as they would be

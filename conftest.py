@@ -1,4 +1,7 @@
-"""Shared test fixtures and Hypothesis profiles for tests/ and gates/."""
+"""Shared test fixtures and Hypothesis profiles for tests/ and gates/.
+
+The top of the import layers with tests/ and fixtures/: it hands the fixture models and corpus
+to the engine and the gates as their defaults (the engine and the gates import no fixtures)."""
 import os
 
 import pytest
@@ -20,6 +23,12 @@ settings.register_profile("mutation", max_examples=2, deadline=None, derandomize
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config):
+    from fixtures import DRAFTER_DIR, TARGET_DIR
+    from gates.plugin import DEFAULT_MODELS
+    config.stash[DEFAULT_MODELS] = {"target": TARGET_DIR, "drafter": DRAFTER_DIR}
+
+
 @pytest.fixture(scope="session")
 def target_dir():
     from fixtures import TARGET_DIR
@@ -27,12 +36,28 @@ def target_dir():
 
 
 @pytest.fixture(scope="session")
-def make_llm(target_dir):
-    """Build an LLM on the fixture target; keyword arguments go to LLM()."""
+def drafter_dir():
+    from fixtures import DRAFTER_DIR
+    return DRAFTER_DIR
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """The fixture models' training corpus (its held-out files give unseen prompts)."""
+    from fixtures.corpus import load_corpus
+    return load_corpus()
+
+
+@pytest.fixture(scope="session")
+def make_llm(target_dir, drafter_dir):
+    """Build an LLM on the fixture target (spec='block': the fixture drafter); keyword arguments
+    go to LLM()."""
     from engine import LLM
 
     def make(**kwargs):
         kwargs.setdefault("max_model_len", 256)
         kwargs.setdefault("max_num_batched_tokens", 1024)
+        if kwargs.get("spec") == "block":
+            kwargs.setdefault("drafter", str(drafter_dir))
         return LLM(target_dir, **kwargs)
     return make

@@ -40,11 +40,10 @@ class Leg:
     warm: bool
 
 
-def heldout_workload(num_prompts: int = 8, prompt_bytes: int = 160, max_tokens: int = 64,
+def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_tokens: int = 64,
                      temperature: float = 0.0) -> Workload:
-    """Prompts cut at a line start inside held-out standard-library files (never trained on)."""
-    from fixtures.corpus import load_corpus
-    corpus = load_corpus()
+    """Prompts cut at a line start inside the corpus's held-out files (never trained on); `corpus`:
+    fixtures.corpus.load_corpus(), handed in by the caller."""
     prompts = []
     for rel in corpus.heldout_files:
         text = corpus.read(rel).decode("utf-8", errors="replace")

@@ -194,8 +194,8 @@ class BlockProposer:
     def from_dir(cls, drafter_dir: str | os.PathLike | None, target_model: LlamaForCausalLM,
                  cfg: EngineConfig) -> "BlockProposer":
         if drafter_dir is None:
-            from fixtures import DRAFTER_DIR
-            drafter_dir = DRAFTER_DIR
+            raise ModelLoadError("spec='block' needs drafter=<a block drafter folder> (the fixture drafter is "
+                                 "fixtures.DRAFTER_DIR; the specgate command and the test fixtures pass it)")
         drafter = load_drafter(drafter_dir, target_model.config)
         target_weights = Path(cfg.model) / WEIGHTS_FILE
         expected = drafter.config.target_sha256

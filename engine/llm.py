@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import RequestError, SpecgateError
+from engine.errors import ModelLoadError, RequestError, SpecgateError
 from engine.loader import load_model
 from engine.outputs import RequestOutput
 from engine.proposers import NgramProposer
@@ -27,11 +27,6 @@ from engine.trace import StepTrace, trace_step
 from engine.veto import runner_policy
 
 
-def default_model_dir() -> Path:
-    from fixtures import TARGET_DIR
-    return TARGET_DIR
-
-
 @dataclass
 class InFlight:
     plan: StepPlan
@@ -42,7 +37,10 @@ class InFlight:
 
 class LLM:
     def __init__(self, model: str | os.PathLike | None = None, **engine_kwargs):
-        model_dir = Path(model) if model is not None else default_model_dir()
+        if model is None:
+            raise ModelLoadError("LLM() needs model=<a Hugging Face-format folder> (the fixture target is "
+                                 "fixtures.TARGET_DIR; the specgate command and the test fixtures pass it)")
+        model_dir = Path(model)
         self.config = EngineConfig(model=str(model_dir), **engine_kwargs)
         self.model_dir = model_dir
         self.model_config = ModelConfig.from_dir(model_dir)

@@ -10,9 +10,8 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, hashlib.sha256).hexdigest()
 
 
-def model_checksums(target_dir=None, drafter_dir=None, with_drafter: bool = False) -> dict:
-    from fixtures import DRAFTER_DIR, TARGET_DIR
-    out = {"target": file_sha256(Path(target_dir or TARGET_DIR) / WEIGHTS_FILE)}
-    if drafter_dir or with_drafter:
-        out["drafter"] = file_sha256(Path(drafter_dir or DRAFTER_DIR) / WEIGHTS_FILE)
+def model_checksums(target_dir, drafter_dir=None) -> dict:
+    out = {"target": file_sha256(Path(target_dir) / WEIGHTS_FILE)}
+    if drafter_dir:
+        out["drafter"] = file_sha256(Path(drafter_dir) / WEIGHTS_FILE)
     return out

@@ -88,8 +88,8 @@ def fold_difference(legs: list, expected_by_leg: dict) -> Difference | None:
 
 
 @functools.lru_cache(maxsize=None)
-def heldout_workload(temperature: float) -> bench.Workload:
-    return bench.heldout_workload(num_prompts=4, max_tokens=24, temperature=temperature)
+def heldout_workload(corpus, temperature: float) -> bench.Workload:
+    return bench.heldout_workload(corpus, num_prompts=4, max_tokens=24, temperature=temperature)
 
 
 def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
@@ -115,8 +115,8 @@ def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("drafter", ["ngram", "block"])
-def test_bench_acceptance_equals_the_trace(make_llm, gate_record, drafter, async_runner, temperature):
-    workload = heldout_workload(temperature)
+def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafter, async_runner, temperature):
+    workload = heldout_workload(corpus, temperature)
     k = 4
     legs, expected, traces = traced_legs(make_llm, workload, spec=drafter, num_spec_tokens=k,
                                          async_runner=async_runner)

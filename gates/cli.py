@@ -1,11 +1,17 @@
-"""`specgate gates list` and `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`."""
+"""`specgate gates list` and `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`.
+
+Which defects prove each gate is handed in (`proven_against`, gate -> defect names) by the layer
+that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
+catalogue and lists none.
+"""
 import sys
+from collections.abc import Mapping
 
 from gates import report
 from gates.registry import GATES, by_name
 
 
-def add_gates_parser(subparsers) -> None:
+def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] | None = None) -> None:
     gates = subparsers.add_parser("gates", help="list or run the gates that decide whether the async "
                                   "runner may be switched on")
     sub = gates.add_subparsers(dest="gates_command", required=True)
@@ -21,11 +27,12 @@ def add_gates_parser(subparsers) -> None:
     run.add_argument("--device", default=None, help="device for the engine runs (default: cpu)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
     run.set_defaults(func=cmd_run)
+    gates.set_defaults(proven_against=dict(proven_against or {}))
 
 
 def cmd_list(args) -> int:
     for g in GATES:
-        proven = ", ".join(g.proven_against) or "-"
+        proven = ", ".join(args.proven_against.get(g.name, ())) or "-"
         print(f"{g.name:<16} needs {g.needs:<5} proven against: {proven}\n    {g.purpose}")
     return 0
 
@@ -40,7 +47,7 @@ def cmd_run(args) -> int:
     if args.cpu_only:
         gates = [g for g in gates if g.needs == "cpu"]
     result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
-                       drafter=args.drafter, device=args.device)
+                       drafter=args.drafter, device=args.device, proven_against=args.proven_against)
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "

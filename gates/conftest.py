@@ -1,22 +1,20 @@
 """Fixtures for the gates: the root conftest's `make_llm`, on the model, drafter and device the
 gates were asked to use (--model / $SPECGATE_MODEL, --drafter / $SPECGATE_DRAFTER,
---device / $SPECGATE_DEVICE; the fixture models on the CPU by default)."""
-from pathlib import Path
-
+--device / $SPECGATE_DEVICE; by default the models the root conftest hands down, the fixture
+models, on the CPU)."""
 import pytest
 
-from gates.plugin import option
+from gates.plugin import model_dir, option
 
 
 @pytest.fixture(scope="session")
 def target_dir(request):
-    from fixtures import TARGET_DIR
-    return Path(option(request.config, "--model", "SPECGATE_MODEL") or TARGET_DIR)
+    return model_dir(request.config, "target")
 
 
 @pytest.fixture(scope="session")
 def drafter_dir(request):
-    return option(request.config, "--drafter", "SPECGATE_DRAFTER")
+    return model_dir(request.config, "drafter")
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from gates import report as verdicts
-from gates.registry import GATES, Gate, gate_of_file
+from gates.registry import GATES, Gate, gate_of_file, has_cuda
 
 SESSION_PLUGIN = "specgate-gate-session"
+# The model folders the gates use when neither an option nor the environment names one. The layer
+# that knows the fixture models (the root conftest.py) puts them here; the gates import no fixtures.
+DEFAULT_MODELS = pytest.StashKey[dict[str, Path]]()
 
 
 def pytest_addoption(parser):
@@ -178,8 +181,7 @@ class GateSession:
                     for t in tests if t["outcome"] in (verdicts.FAILED, verdicts.ERROR)]
         if status in (verdicts.RED, verdicts.ERROR) and not evidence:
             evidence.append({"message": reason})
-        return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs,
-                "proven_against": list(gate.proven_against), "module": str(gate.file),
+        return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs, "module": str(gate.file),
                 "status": status, "reason": reason,
                 "num_cases": sum(len(t["cases"]) for t in tests),
                 "cases": [{"test": t["nodeid"].split("::", 1)[-1], **c} for t in tests for c in t["cases"]],
@@ -211,9 +213,12 @@ def _message(rep, call) -> str:
     return rep.longreprtext.strip().splitlines()[-1] if rep.longreprtext else ""
 
 
-def has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
+def model_dir(config, which: str) -> Path | None:
+    """The "target" or "drafter" folder the gates use: --model/--drafter, else $SPECGATE_MODEL/
+    $SPECGATE_DRAFTER, else the default handed down in DEFAULT_MODELS (None without one)."""
+    flag, env = {"target": ("--model", "SPECGATE_MODEL"), "drafter": ("--drafter", "SPECGATE_DRAFTER")}[which]
+    given = option(config, flag, env)
+    return Path(given) if given else config.stash.get(DEFAULT_MODELS, {}).get(which)
 
 
 def option(config, name: str, env: str) -> str | None:
@@ -233,7 +238,10 @@ def environment(config) -> dict:
     from engine.runtime import model_checksums
     model, drafter = option(config, "--model", "SPECGATE_MODEL"), option(config, "--drafter", "SPECGATE_DRAFTER")
     try:
-        checksums = model_checksums(model, drafter, with_drafter=True)
+        target_dir = model_dir(config, "target")
+        if target_dir is None:
+            raise OSError("no target model folder: no --model, no $SPECGATE_MODEL, and no default handed down")
+        checksums = model_checksums(target_dir, model_dir(config, "drafter"))
     except OSError as e:
         checksums = {"error": str(e)}
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": has_cuda(),

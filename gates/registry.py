@@ -1,16 +1,29 @@
 """The gate registry: each gate's name, module, one-line purpose and what it needs.
 
-A gate is one pytest module, gates/<module>.py. Which seeded defects a gate is proven
-against is not written here: it is read from the mutants catalogue (mutants/catalogue.py,
-whose DEFECTS each name the gates they turn red), so it is written once, where it is proven.
+A gate is one pytest module, gates/<module>.py. `mutation_suite` says whether the mutation runs
+(mutants/mutate.py) use it as part of their suite. Which seeded defects a gate is proven against
+is not written here: the defect catalogue (mutants/catalogue.py, a layer above) names the gates
+each defect turns red, and the layers that know both join them (the specgate command, prove).
 """
-import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 GATES_DIR = Path(__file__).resolve().parent
 NEEDS = ("cpu", "cuda")
+KEBAB_CASE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+def check_name(kind: str, name: str) -> None:
+    """Gate and defect names are kebab-case: what `specgate gates run NAME` and `prove NAME` take."""
+    if not KEBAB_CASE.fullmatch(name):
+        raise ValueError(f"{kind} name {name!r} is not kebab-case")
+
+
+def has_cuda() -> bool:
+    """Whether a gate that needs CUDA can run here."""
+    import torch
+    return torch.cuda.is_available()
 
 
 @dataclass(frozen=True)
@@ -20,10 +33,12 @@ class Gate:
     purpose: str
     needs: str         # "cpu" runs anywhere; "cuda" is skipped, never green, without a GPU
     path: Path | None = None  # where the module lives when it is not under gates/ (tests only)
+    # Part of the mutation runs' suite: a gate that judges one run exactly and needs no CUDA
+    # (a timed or CUDA gate would read a mutant's slowness or this machine as a kill or a survivor).
+    mutation_suite: bool = False
 
     def __post_init__(self):
-        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):
-            raise ValueError(f"gate name {self.name!r} is not kebab-case")
+        check_name("gate", self.name)
         if self.needs not in NEEDS:
             raise ValueError(f"gate {self.name}: needs must be one of {NEEDS}, got {self.needs!r}")
 
@@ -31,24 +46,20 @@ class Gate:
     def file(self) -> Path:
         return self.path or GATES_DIR / f"{self.module}.py"
 
-    @property
-    def proven_against(self) -> tuple[str, ...]:
-        return proven_against(self.name)
-
 
 GATES = (
     Gate("lossless", "lossless", "G1: greedy spec output equals plain greedy token for token (both drafters, "
          "both runners); sampled output passes a chi-square test against the target, and a lossy "
-         "verify fails it", "cpu"),
+         "verify fails it", "cpu", mutation_suite=True),
     Gate("combine", "combine", "G2: per step and request, the async runner's device inputs (ids, positions, "
-         "sequence length, logits window) equal the sync runner's", "cpu"),
+         "sequence length, logits window) equal the sync runner's", "cpu", mutation_suite=True),
     Gate("emit-count", "emit_count", "per step and request, async emit counts equal sync's, every run's "
          "trace agrees with its tokens and metrics, and greedy acceptance equals what the drafts imply",
-         "cpu"),
+         "cpu", mutation_suite=True),
     Gate("reason-a", "reason_a", "on every verify step, eager and graph arm, each request's logits window "
-         "starts at its query start and covers its drafts + 1 rows", "cpu"),
+         "starts at its query start and covers its drafts + 1 rows", "cpu", mutation_suite=True),
     Gate("predicate-split", "predicate_split", "batches where refused (prefill, resumed, host history) and "
-         "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu"),
+         "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu", mutation_suite=True),
     Gate("acceptance", "acceptance", "the bench's per-leg acceptance equals the trace's in vLLM and SGLang "
          "units, and the warm-leg predicate folds both axes over the same legs", "cpu"),
     Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async at concurrency 1 and 8, "
@@ -75,14 +86,3 @@ def gate_of_file(path: str | Path, gates=GATES) -> Gate | None:
     path = Path(path).resolve()
     return next((g for g in gates if g.file.resolve() == path), None)
 
-
-def proven_against(gate_name: str) -> tuple[str, ...]:
-    """Names of the seeded defects proven to turn this gate red, from mutants/catalogue.py
-    (DEFECTS: objects with `name` and `gates`); () until that catalogue exists."""
-    try:
-        catalogue = importlib.import_module("mutants.catalogue")
-    except ModuleNotFoundError as e:
-        if e.name not in ("mutants", "mutants.catalogue"):
-            raise
-        return ()
-    return tuple(d.name for d in getattr(catalogue, "DEFECTS", ()) if gate_name in d.gates)

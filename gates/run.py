@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str | None = None,
               deep: bool = False, model: str | None = None, drafter: str | None = None,
-              device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False) -> dict:
+              device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False,
+              proven_against: Mapping[str, tuple[str, ...]] | None = None) -> dict:
+    """Run the gates in one pytest process; `proven_against` (gate -> defect names, from the
+    defect catalogue a layer above) goes into each gate's result."""
     started, t0 = time.time(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specgate-gates-") as tmp:
         raw_path, spec_path = Path(tmp) / "report.json", Path(tmp) / "gates.json"
@@ -39,7 +43,9 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=out)
         raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"gates": [], "environment": {}}
     found = {g["name"]: g for g in raw["gates"]}
-    results = [found.get(g.name) or _not_run(g, proc.returncode) for g in gates]
+    proven_against = proven_against or {}
+    results = [_with_proof(found.get(g.name) or _not_run(g, proc.returncode), proven_against.get(g.name, ()))
+               for g in gates]
     result = {"schema": "specgate-gates/1", "command": " ".join(cmd), "started": started,
               "seconds": round(time.perf_counter() - t0, 2), "environment": raw["environment"],
               "pytest_exit_status": proc.returncode, "summary": report.summary(results),
@@ -52,10 +58,19 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
     return result
 
 
+def _with_proof(result: dict, proven_against: tuple[str, ...]) -> dict:
+    """The gate's result with the defects it is proven against, after its needs (the report's order)."""
+    out = {}
+    for key, value in result.items():
+        out[key] = value
+        if key == "needs":
+            out["proven_against"] = list(proven_against)
+    return out
+
+
 def _not_run(gate: Gate, returncode: int) -> dict:
     """A gate the pytest process never reported on (it crashed, or was interrupted): an error."""
-    return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs,
-            "proven_against": list(gate.proven_against), "module": str(gate.file), "status": report.ERROR,
+    return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs, "module": str(gate.file), "status": report.ERROR,
             "reason": f"no result: pytest exited with status {returncode} before reporting this gate",
             "num_cases": 0, "cases": [], "evidence": [], "measurements": [], "claims": {}, "tests": [],
             "seconds": 0.0}

@@ -7,12 +7,14 @@ defect and fails when such a defect turns it red, so the claim is checked, not a
 `needs="cuda"` marks a defect only a GPU can show (a host sync, a graph capture): on a machine
 without CUDA it is listed and reported skipped.
 
-gates/registry.py reads DEFECTS (`name`, `gates`) to say which defects each gate is proven
-against. Add a defect: see mutants/README.md.
+proven_against() joins DEFECTS with the gate registry's names: which defects each gate is proven
+against (`specgate gates list`, the gates' reports). Add a defect: see mutants/README.md.
 """
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from gates.registry import NEEDS, check_name
 
 PATCHES = Path(__file__).resolve().parent / "patches"
 
@@ -26,9 +28,8 @@ class Defect:
     needs: str = "cpu"         # "cuda": only observable on a GPU
 
     def __post_init__(self):
-        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.name):
-            raise ValueError(f"defect name {self.name!r} is not kebab-case")
-        if self.needs not in ("cpu", "cuda"):
+        check_name("defect", self.name)
+        if self.needs not in NEEDS:
             raise ValueError(f"defect {self.name}: needs must be 'cpu' or 'cuda', got {self.needs!r}")
         if not self.gates:
             raise ValueError(f"defect {self.name} names no gate")
@@ -138,3 +139,8 @@ def by_name(names: list[str] | None = None) -> list[Defect]:
     if unknown:
         raise KeyError(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return [known[n] for n in names] if names else list(DEFECTS)
+
+
+def proven_against(gate_names: Iterable[str], defects=DEFECTS) -> dict[str, tuple[str, ...]]:
+    """gate -> the defects that name it (must turn it red), for each gate named."""
+    return {g: tuple(d.name for d in defects if g in d.gates) for g in gate_names}

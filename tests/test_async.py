@@ -2,6 +2,8 @@
 emit counts (num_accepted + 1) and the same device inputs, for both drafters, k from 1 to 6,
 1 to 8 requests with mixed lengths, arrivals, finishes, preemptions and logits-processor
 requests, in both arms. Each test asserts that the mix it claims to cover occurred."""
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,8 +11,8 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.policy import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import first_difference, verify_steps
-from gates.workloads import no_immediate_repeat
-from strategies import batches, examples
+from gates.workloads import MIXED_REFUSALS, no_immediate_repeat, workloads
+from strategies import examples
 
 
 def run(make_llm, batch, processor_mask, **kwargs):
@@ -18,7 +20,7 @@ def run(make_llm, batch, processor_mask, **kwargs):
     params = [SamplingParams(temperature=0, max_tokens=m,
                              logits_processors=[no_immediate_repeat] if use else [])
               for m, use in zip(batch.max_tokens, processor_mask)]
-    outs = llm.generate(batch.prompts, params, arrival_steps=batch.arrival_steps)
+    outs = llm.generate(list(batch.prompts), params, arrival_steps=list(batch.arrival_steps))
     return llm, outs
 
 
@@ -40,11 +42,11 @@ def compare_runs(sync, async_):
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", ["ngram", "block"])
-@given(batch=batches(min_reqs=2), k=st.integers(1, 6), data=st.data())
+@given(batch=workloads(min_reqs=2), k=st.integers(1, 6), data=st.data())
 @examples(5)
 def test_async_equals_sync_step_by_step(make_llm, drafter, graph, batch, k, data):
     processor_mask = data.draw(st.lists(st.booleans(), min_size=batch.num_reqs, max_size=batch.num_reqs))
-    batch.max_tokens = [max(m, 8) for m in batch.max_tokens]  # leave room for verify steps
+    batch = dataclasses.replace(batch, max_tokens=tuple(max(m, 8) for m in batch.max_tokens))  # room for verify steps
     preempt = data.draw(st.booleans())
     kwargs = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=4,
                   num_kv_blocks=18 if preempt else None)
@@ -57,10 +59,8 @@ def test_async_equals_sync_step_by_step(make_llm, drafter, graph, batch, k, data
 def test_every_refusal_kind_shares_steps_with_device_fed_requests(make_llm):
     """A deterministic mix: arrivals during decode (prefill), a tight cache (resumed) and a
     logits-processor request (host history), in steps with device-fed requests."""
-    from strategies import BatchSpec, PROMPT_POOL
-    batch = BatchSpec(prompts=[PROMPT_POOL[i] for i in (7, 6, 2, 3, 5, 1)], max_tokens=[40] * 6,
-                      arrival_steps=[0, 0, 1, 3, 5, 8])
-    processor_mask = [False, False, False, True, False, False]
+    batch = MIXED_REFUSALS  # the predicate-split gate's mix
+    processor_mask = list(MIXED_REFUSALS.host_history)
     kwargs = dict(spec="ngram", num_spec_tokens=3, max_num_seqs=4, num_kv_blocks=18)
     llm_a = compare_runs(run(make_llm, batch, processor_mask, async_runner=False, **kwargs),
                          run(make_llm, batch, processor_mask, async_runner=True, **kwargs))

@@ -64,7 +64,7 @@ def test_propose_matches_training_forward(target_dir):
     cfg = EngineConfig(model=str(target_dir), spec="block", num_spec_tokens=4, max_model_len=128,
                        block_size=16, max_num_seqs=2)
     target = load_model(target_dir)
-    proposer = BlockProposer.from_dir(None, target, cfg)
+    proposer = BlockProposer.from_dir(DRAFTER_DIR, target, cfg)
     tokens = torch.randint(0, 256, (2, 100))
     _, aux = target.forward_dense(tokens, proposer.aux_layers)
     # Request r owns KV blocks in reversed order, so the block-table indirection is exercised.

@@ -1,4 +1,6 @@
 """Bad input is refused with an error that names what is wrong, and refusing it changes nothing.
+Over 300 lines because it is one table per kind of input (folders, arguments, sampling, requests),
+and a user looking for what an error means should find every refusal in one place.
 
 Model folders: each case copies the fixture target into tmp_path and damages one thing.
 Requests: a refused request leaves every other request's tokens exactly as they would be
@@ -39,6 +41,16 @@ def test_error_hierarchy():
 
 
 # ---- model folders -------------------------------------------------------------------------
+
+def test_no_model_folder_is_refused_naming_the_argument():
+    with pytest.raises(ModelLoadError, match=r"LLM\(\) needs model=<a Hugging Face-format folder>"):
+        LLM()
+
+
+def test_the_block_drafter_without_a_folder_is_refused_naming_the_argument(target_dir):
+    with pytest.raises(ModelLoadError, match=r"spec='block' needs drafter=<a block drafter folder>"):
+        LLM(target_dir, spec="block", max_model_len=128)
+
 
 def test_missing_model_folder(tmp_path):
     with pytest.raises(ModelLoadError, match=r"model folder .*nowhere does not exist"):
@@ -227,8 +239,8 @@ BAD_REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def shared_llm():
-    return LLM(max_model_len=256, max_num_batched_tokens=1024)
+def shared_llm(target_dir):
+    return LLM(target_dir, max_model_len=256, max_num_batched_tokens=1024)
 
 
 @pytest.mark.parametrize("prompt, params, match", BAD_REQUESTS)

@@ -1,6 +1,8 @@
 """The host loop of LLM (construction, step, generate, output) and the scheduler's bookkeeping,
 checked exactly and step by step. Runs drive llm.step() themselves with a bound on the number
-of steps, so a broken loop fails instead of spinning."""
+of steps, so a broken loop fails instead of spinning.
+Over 300 lines because it follows one loop from construction to output, and its bounded runs are
+marked as a whole for the mutation runs (pytestmark)."""
 import math
 from pathlib import Path
 

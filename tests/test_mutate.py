@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mutants import mutate
+from mutants import mutation_ratchet, mutation_results, mutation_run, mutation_stage
 from mutants.mutation_report import MutantRecord, summarise
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,11 +58,11 @@ def engine_repo(tmp_path):
 
 def test_since_names_only_the_changed_function_and_method(engine_repo):
     calc = engine_repo / "engine" / "calc.py"
-    assert mutate.changed_functions("HEAD", engine_repo) == []
+    assert mutation_run.changed_functions("HEAD", engine_repo) == []
     calc.write_text(calc.read_text().replace("2 * self.x", "self.x + self.x"))
-    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁdouble__mutmut_*"]
+    assert mutation_run.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁdouble__mutmut_*"]
     calc.write_text(calc.read_text().replace("a + b", "b + a"))
-    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.x_add__mutmut_*",
+    assert mutation_run.changed_functions("HEAD", engine_repo) == ["engine.calc.x_add__mutmut_*",
                                                              "engine.calc.xǁBoxǁdouble__mutmut_*"]
 
 
@@ -71,17 +71,17 @@ def test_since_counts_a_deleted_line_and_a_new_file(engine_repo):
     calc.write_text(calc.read_text().replace("        self.x = x\n", "        pass\n        self.x = x\n"))
     (engine_repo / "engine" / "more.py").write_text("def sub(a, b):\n    return a - b\n")
     git(engine_repo, "add", "engine/more.py")
-    assert mutate.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁ__init____mutmut_*",
+    assert mutation_run.changed_functions("HEAD", engine_repo) == ["engine.calc.xǁBoxǁ__init____mutmut_*",
                                                              "engine.more.x_sub__mutmut_*"]
 
 
 def test_since_refuses_an_unknown_revision(engine_repo):
     with pytest.raises(ValueError, match="no-such-rev"):
-        mutate.changed_functions("no-such-rev", engine_repo)
+        mutation_run.changed_functions("no-such-rev", engine_repo)
 
 
 def test_function_spans_start_at_the_decorator():
-    spans = mutate.function_spans("class C:\n    x = 1\n\n    @staticmethod\n    def m():\n        return 1\n"
+    spans = mutation_run.function_spans("class C:\n    x = 1\n\n    @staticmethod\n    def m():\n        return 1\n"
                                   "\n\ndef f():\n    pass\n")
     assert spans == [("xǁCǁm", 4, 6), ("x_f", 9, 10)]
 
@@ -94,10 +94,10 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     stale_test = staging / "mutants" / "tests" / "test_removed.py"
     stale_test.parent.mkdir(parents=True)
     stale_test.write_text("")
-    mutate.stage(staging)
+    mutation_stage.stage(staging)
     assert (staging / "engine" / "runner.py").exists() and (staging / "mutation_plugin.py").exists()
     assert (staging / "tests" / "test_engine.py").exists()
-    assert not any((staging / "tests" / t).exists() for t in mutate.UNSTAGED_TESTS)
+    assert not any((staging / "tests" / t).exists() for t in mutation_stage.UNSTAGED_TESTS)
     assert cached.exists(), "mutmut's cache was removed"
     assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
     assert not (staging / "mutants" / "catalogue.py").exists()
@@ -107,9 +107,9 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
 
 
 def test_staging_config_selects_existing_tests_and_deselects_real_ones():
-    for path in mutate.SUITE:
+    for path in mutation_stage.SUITE:
         assert (REPO / path).exists(), path
-    for node in mutate.DESELECTED:
+    for node in mutation_stage.DESELECTED:
         file, name = node.split("::")
         assert f"def {name}(" in (REPO / file).read_text(), node
 
@@ -128,7 +128,7 @@ def test_the_suite_s_test_ids_survive_a_second_collection_in_one_process():
         for _ in range(2):
             ids = Ids()
             with contextlib.redirect_stdout(io.StringIO()):
-                pytest.main(["--collect-only", "-p", "gates.plugin", *{list(mutate.SUITE)!r}], plugins=[ids])
+                pytest.main(["--collect-only", "-p", "gates.plugin", *{list(mutation_stage.SUITE)!r}], plugins=[ids])
             runs.append(ids.ids)
         json.dump(runs, sys.stdout)""")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
@@ -140,33 +140,33 @@ def test_timeouts_and_unchecked_mutants_are_run_failures_never_kills():
     summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2", status="timeout"),
                          record(name="engine.verify.x_f__mutmut_3", status="not checked")])
     assert summary["killed"] == 1
-    problems = mutate.ratchet(summary, baseline=None, complete=True, stale=[])
+    problems = mutation_ratchet.ratchet(summary, baseline=None, complete=True, stale=[])
     assert problems == ["1 timeout", "1 not checked"]
 
 
 def test_a_full_run_under_the_baseline_fails_and_at_it_passes():
     summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
     assert summary["test_strength"] == 0.5
-    assert mutate.ratchet(summary, 0.5, complete=True, stale=[]) == []
-    assert "under the baseline" in mutate.ratchet(summary, 0.6, complete=True, stale=[])[0]
+    assert mutation_ratchet.ratchet(summary, 0.5, complete=True, stale=[]) == []
+    assert "under the baseline" in mutation_ratchet.ratchet(summary, 0.6, complete=True, stale=[])[0]
 
 
 def test_a_since_run_fails_on_an_unexplained_survivor_only():
     unexplained = summarise([record()])
     explained = summarise([record(equivalent="same result for every input")])
-    assert "neither killed nor listed" in mutate.ratchet(unexplained, None, complete=False, stale=[])[0]
-    assert mutate.ratchet(explained, None, complete=False, stale=[]) == []
+    assert "neither killed nor listed" in mutation_ratchet.ratchet(unexplained, None, complete=False, stale=[])[0]
+    assert mutation_ratchet.ratchet(explained, None, complete=False, stale=[]) == []
 
 
 def test_the_baseline_only_rises(tmp_path):
     path = tmp_path / "baseline.json"
     low = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
     high = summarise([record(status="killed")])
-    assert "was none" in mutate.update_baseline(low, "abc", path)
-    assert mutate.load_baseline(path) == 0.5
-    assert "was 50.00%" in mutate.update_baseline(high, "def", path)
+    assert "was none" in mutation_ratchet.update_baseline(low, "abc", path)
+    assert mutation_ratchet.load_baseline(path) == 0.5
+    assert "was 50.00%" in mutation_ratchet.update_baseline(high, "def", path)
     with pytest.raises(ValueError, match="only rises"):
-        mutate.update_baseline(low, "ghi", path)
+        mutation_ratchet.update_baseline(low, "ghi", path)
     assert json.loads(path.read_text())["commit"] == "def"
 
 
@@ -174,22 +174,22 @@ def test_equivalents_need_a_reason_and_go_stale_when_the_mutant_changes(tmp_path
     path = tmp_path / "equivalent.toml"
     path.write_text('[[mutant]]\nname = "engine.verify.x_f__mutmut_1"\nmutated = "return a - b"\n')
     with pytest.raises(ValueError, match="reason"):
-        mutate.load_equivalents(path)
+        mutation_results.load_equivalents(path)
     path.write_text(path.read_text() + 'reason = "b is always 0 here"\n')
-    eqs = mutate.load_equivalents(path)
-    assert mutate.stale_equivalents([record()], eqs, complete=True) == []
+    eqs = mutation_results.load_equivalents(path)
+    assert mutation_ratchet.stale_equivalents([record()], eqs, complete=True) == []
     renumbered = record(diff=DIFF.replace("a - b", "a * b"))
     killed = record(status="killed")
-    assert "now mutates `return a * b`" in mutate.stale_equivalents([renumbered], eqs, complete=True)[0]
-    assert "but it was killed" in mutate.stale_equivalents([killed], eqs, complete=True)[0]
-    assert "no such mutant" in mutate.stale_equivalents([], eqs, complete=True)[0]
-    assert mutate.stale_equivalents([], eqs, complete=False) == []
+    assert "now mutates `return a * b`" in mutation_ratchet.stale_equivalents([renumbered], eqs, complete=True)[0]
+    assert "but it was killed" in mutation_ratchet.stale_equivalents([killed], eqs, complete=True)[0]
+    assert "no such mutant" in mutation_ratchet.stale_equivalents([], eqs, complete=True)[0]
+    assert mutation_ratchet.stale_equivalents([], eqs, complete=False) == []
 
 
 def test_the_committed_equivalents_and_baseline_are_well_formed():
-    for eq in mutate.load_equivalents().values():
+    for eq in mutation_results.load_equivalents().values():
         assert eq.name.startswith("engine.") and "__mutmut_" in eq.name and len(eq.reason) > 10
-    baseline = mutate.load_baseline()
+    baseline = mutation_ratchet.load_baseline()
     assert baseline is None or 0 < baseline <= 1
 
 
@@ -201,7 +201,7 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
     (["--since", "HEAD", "--only", "engine.verify.*"], "not both"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(capsys, args, message):
-    from engine.cli import main
+    from specgate_cli import main
     assert main(["mutate", *args]) == 2
     assert message in capsys.readouterr().err
 
@@ -219,9 +219,9 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path):
         "from engine.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
     (staging / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["engine"]\n'
                                             'pytest_add_cli_args_test_selection = ["tests"]\n')
-    rc = mutate.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
+    rc = mutation_run.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
     assert rc == 0, (tmp_path / "mutmut.log").read_text()[-2000:]
-    records = mutate.read_results([], {}, staging)
+    records = mutation_results.read_results([], {}, staging)
     by_function = {}
     for r in records:
         by_function.setdefault(r.function, set()).add(r.status)
@@ -236,27 +236,27 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path):
 
 def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
     staging = tmp_path / "staging"
-    assert mutate.stage(staging) == 0
+    assert mutation_stage.stage(staging) == 0
     meta = staging / "mutants" / "engine" / "verify.py.meta"
     meta.parent.mkdir(parents=True, exist_ok=True)
     meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None},
                                 "durations_by_key": {"killed": 0.5, "survived": 9.0}}))
-    assert mutate.stage(staging) == 0, "an unchanged suite must keep the cache"
-    assert mutate.cached_verdicts([], staging) == {"killed": 0.5, "survived": 9.0, "timeout": None}
-    assert mutate.cached_verdicts(["surv*"], staging) == {"survived": 9.0}
+    assert mutation_stage.stage(staging) == 0, "an unchanged suite must keep the cache"
+    assert mutation_results.cached_verdicts([], staging) == {"killed": 0.5, "survived": 9.0, "timeout": None}
+    assert mutation_results.cached_verdicts(["surv*"], staging) == {"survived": 9.0}
     (staging / "suite.sha256").write_text("an older suite")
-    assert mutate.stage(staging) == 2
+    assert mutation_stage.stage(staging) == 2
     assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
                                                                "new": None}
-    assert mutate.cached_verdicts([], staging) == {"killed": 0.5}  # the run's speed counts the other three
+    assert mutation_results.cached_verdicts([], staging) == {"killed": 0.5}  # the run's speed counts the other three
 
 
 def test_since_baseline_names_the_commit_of_the_last_full_run(tmp_path):
     path = tmp_path / "baseline.json"
     with pytest.raises(ValueError, match="no baseline.json yet"):
-        mutate.baseline_commit(path)
-    mutate.update_baseline(summarise([record(status="killed")]), "abc1234", path)
-    assert mutate.baseline_commit(path) == "abc1234"
+        mutation_ratchet.baseline_commit(path)
+    mutation_ratchet.update_baseline(summarise([record(status="killed")]), "abc1234", path)
+    assert mutation_ratchet.baseline_commit(path) == "abc1234"
 
 
 def test_the_plugin_runs_bounded_tests_first_then_the_fastest(tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mutants.mutation_report import (STATUSES, MutantRecord, locate, markdown, mutator_name, score_line,
-                                     stryker_report, summarise, write_reports)
+from mutants.mutation_diff import locate, mutator_name
+from mutants.mutation_report import STATUSES, MutantRecord, markdown, score_line, stryker_report, summarise, write_reports
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "mutants" / "mutation-testing-report.schema.json")
                     .read_text())

@@ -6,6 +6,8 @@ that each step respects max_num_seqs and the token budget, that admission is fir
 first-served, that preemption takes the newest running request, that a preempted request
 resumes before anything queued behind it, and that every request finishes.
 `emulate_step` plays the engine's part: each scheduled request commits 1..k+1 tokens.
+Over 300 lines because the state machine, the scenarios and the block manager share its emulator
+and invariant checks.
 """
 import dataclasses
 import random

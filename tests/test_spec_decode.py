@@ -4,12 +4,15 @@ Both drafters, k from 1 to 6, 1 to 8 requests with mixed prompt lengths, arrival
 max_tokens, with and without preemption. Each test asserts that what it claims to cover
 happened (several requests in a step, drafts accepted, a preemption).
 """
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from strategies import MAX_TOKENS, PROMPT_POOL, batches, examples
+from gates.workloads import workloads
+from strategies import MAX_TOKENS, PROMPT_POOL, examples
 
 DRAFTERS = ["ngram", "block"]
 
@@ -23,7 +26,7 @@ def plain_reference(make_llm):
 
 def run_batch(llm, batch):
     params = [SamplingParams(temperature=0, max_tokens=m) for m in batch.max_tokens]
-    return llm.generate(batch.prompts, params, arrival_steps=batch.arrival_steps)
+    return llm.generate(list(batch.prompts), params, arrival_steps=list(batch.arrival_steps))
 
 
 def assert_matches_plain(outs, batch, reference):
@@ -32,7 +35,7 @@ def assert_matches_plain(outs, batch, reference):
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@given(batch=batches(), k=st.integers(1, 6))
+@given(batch=workloads(), k=st.integers(1, 6))
 @examples(8)
 def test_greedy_spec_equals_plain(make_llm, plain_reference, drafter, batch, k):
     llm = make_llm(spec=drafter, num_spec_tokens=k, trace=True, max_num_seqs=4)
@@ -43,13 +46,12 @@ def test_greedy_spec_equals_plain(make_llm, plain_reference, drafter, batch, k):
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@given(batch=batches(min_reqs=3, max_reqs=6, long_prompts=True), k=st.integers(1, 6))
+@given(batch=workloads(min_reqs=3, max_reqs=6, long_prompts=True), k=st.integers(1, 6))
 @examples(5)
 def test_greedy_spec_equals_plain_under_preemption(make_llm, plain_reference, drafter, batch, k):
     llm = make_llm(spec=drafter, num_spec_tokens=k, max_num_seqs=6, num_kv_blocks=18,
                    max_model_len=256)
-    batch.arrival_steps = [0] * batch.num_reqs
-    batch.max_tokens = [MAX_TOKENS] * batch.num_reqs
+    batch = dataclasses.replace(batch, arrival_steps=(0,) * batch.num_reqs, max_tokens=(MAX_TOKENS,) * batch.num_reqs)
     outs = run_batch(llm, batch)
     assert_matches_plain(outs, batch, plain_reference)
     assert sum(o.stats.num_preemptions for o in outs) > 0, "the cache never filled: no preemption"

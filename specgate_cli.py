@@ -1,4 +1,9 @@
-"""The `specgate` command line."""
+"""The `specgate` command line: generate, bench, gates, prove, mutate.
+
+The top of the import layers (see README's Layout): it hands the engine and the gates the
+fixture models as defaults, and joins the gate registry with the defect catalogue (which defects
+prove which gate), so that the packages below it import only downward.
+"""
 import argparse
 import json
 import logging
@@ -7,10 +12,12 @@ import sys
 import time
 
 from engine.errors import SpecgateError
+from fixtures import DRAFTER_DIR, TARGET_DIR
+from gates.registry import GATES
 
 
 def _engine_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=None, help="Hugging Face-format model folder (default: fixture target)")
+    ap.add_argument("--model", default=str(TARGET_DIR), help="Hugging Face-format model folder (default: fixture target)")
     ap.add_argument("--spec", choices=["ngram", "block"], default=None, help="speculative decoding drafter")
     ap.add_argument("--num-spec-tokens", type=int, default=4, help="draft tokens per verify step (k)")
     ap.add_argument("--drafter", default=None, help="block drafter folder (default: fixture drafter)")
@@ -18,9 +25,14 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
 
+def _drafter(args) -> str | None:
+    """The drafter asked for, else the fixture drafter when the block drafter is used."""
+    return args.drafter or (str(DRAFTER_DIR) if args.spec == "block" else None)
+
+
 def _llm(args, **extra):
     from engine import LLM
-    kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=args.drafter,
+    kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
                   device=args.device, dtype=args.dtype)
     kwargs.update(extra)
     return LLM(args.model, **kwargs)
@@ -51,12 +63,13 @@ def cmd_bench(args) -> int:
     from engine import bench
     from engine.runtime import model_checksums
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    workload = bench.heldout_workload(args.num_prompts, max_tokens=args.max_tokens,
+    from fixtures.corpus import load_corpus
+    workload = bench.heldout_workload(load_corpus(), args.num_prompts, max_tokens=args.max_tokens,
                                       temperature=args.temperature)
     legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
                            args.warmup_legs, progress=sys.stderr.isatty())
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "models": model_checksums(args.model, args.drafter, with_drafter=args.spec == "block")}
+            "device": args.device, "models": model_checksums(args.model, _drafter(args))}
     result = bench.report(legs, workload, meta)
     for c, s in result["summary"].items():
         acc = s["acceptance"]
@@ -96,9 +109,10 @@ def main(argv=None) -> int:
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
     from gates.cli import add_gates_parser
+    from mutants.catalogue import proven_against
     from mutants.mutate import add_mutate_parser
     from mutants.prove import add_prove_parser
-    add_gates_parser(sub)
+    add_gates_parser(sub, proven_against(g.name for g in GATES))
     add_prove_parser(sub)
     add_mutate_parser(sub)
     args = ap.parse_args(argv)

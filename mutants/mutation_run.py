@@ -1,0 +1,103 @@
+"""Running mutmut: which functions a run mutates (those changed since a revision, or all), and
+`mutmut run` in the staging folder with its progress line turned into a progress bar.
+
+mutmut forks one child per mutant. A child forked after torch used its intra-op thread pool
+deadlocks, and the hang would read as a timeout, which mutmut's own score counts as a kill. So
+the run uses one torch thread, and a timeout, segfault or suspicious result is a failure of the
+run, never a kill (mutants/mutation_report.py).
+"""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from mutants.child_env import child_env
+from mutants.mutation_stage import REPO, SOURCE, STAGING
+
+STATUS_LINE = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
+
+
+def changed_functions(since: str, repo: Path = REPO) -> list[str]:
+    """mutmut name patterns for the engine functions and methods changed since `since`
+    (committed or not), so a pull request's run mutates only what it touched."""
+    diff = git(["diff", "--unified=0", since, "--", SOURCE], repo)
+    changed: dict[str, set[int]] = {}
+    path = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = None if line == "+++ /dev/null" else line[len("+++ b/"):]
+        elif line.startswith("@@") and path and path.endswith(".py"):
+            start, _, count = re.match(r"@@ -\S+ \+(\d+)(,(\d+))? @@", line).groups()
+            start, count = int(start), int(count if count is not None else 1)
+            # a pure deletion (count 0) touches the lines on either side of it
+            changed.setdefault(path, set()).update(range(start, start + count) if count else (start, start + 1))
+    patterns = []
+    for path, lines in sorted(changed.items()):
+        module = path[:-3].replace("/", ".")
+        for name, first, last in function_spans((repo / path).read_text()):
+            if lines & set(range(first, last + 1)):
+                patterns.append(f"{module}.{name}__mutmut_*")
+    return patterns
+
+
+def function_spans(source: str) -> list[tuple[str, int, int]]:
+    """(mutmut's mangled name, first line, last line) of every top-level function and method of
+    a top-level class: the units mutmut mutates."""
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    units = []
+    for node in ast.parse(source).body:
+        if isinstance(node, functions):
+            units.append((f"x_{node.name}", node))
+        elif isinstance(node, ast.ClassDef):
+            units += [(f"xǁ{node.name}ǁ{m.name}", m) for m in node.body if isinstance(m, functions)]
+    spans = []
+    for name, fn in units:
+        first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+        spans.append((name, first, fn.end_lineno))
+    return spans
+
+
+def git(args: list[str], repo: Path) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if proc.returncode:
+        raise ValueError(f"git {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING) -> int:
+    """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
+    output goes to log_path."""
+    from tqdm import tqdm
+    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0")
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
+    bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5 if sys.stderr.isatty() else 30,
+               dynamic_ncols=True, file=sys.stderr)
+    with open(log_path, "w", buffering=1) as log, subprocess.Popen(cmd, cwd=staging, env=env, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT) as proc:
+        first_done = None
+        for chunk in _chunks(proc.stdout):
+            log.write(chunk + "\n")
+            m = STATUS_LINE.search(chunk)
+            if not m:
+                continue
+            done, total, killed, no_tests, timeout, suspicious, survived = map(int, m.groups())
+            first_done = done if first_done is None else first_done
+            if not patterns:
+                bar.total = total - first_done
+            bar.update(done - first_done - bar.n)
+            bar.set_postfix(killed=killed, survived=survived, timeout=timeout, suspicious=suspicious,
+                            refresh=False)
+        bar.close()
+        return proc.wait()
+
+
+def _chunks(stream):
+    """mutmut redraws its status line with carriage returns: split on those and on newlines."""
+    buffer = b""
+    for data in iter(lambda: stream.read1(4096), b""):
+        buffer += data
+        *parts, buffer = re.split(rb"[\r\n]", buffer)
+        yield from (p.decode(errors="replace") for p in parts if p.strip())
+    if buffer.strip():
+        yield buffer.decode(errors="replace")

@@ -1,0 +1,118 @@
+"""Staging a mutation run: the suite copied into build/mutmut/, with the configuration mutmut reads.
+
+mutmut writes its working copy into a folder named `mutants/` wherever it runs, and ours holds
+the seeded defects, so it runs in a git-ignored staging folder holding only what the suite needs.
+Its cache lives there too: a rerun retests only mutants of functions that changed.
+"""
+import hashlib
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+from gates.registry import GATES
+
+REPO = Path(__file__).resolve().parent.parent
+STAGING = REPO / "build" / "mutmut"
+SOURCE = "engine"  # the code under mutation
+
+# What the mutation suite needs, copied into the staging folder. The test modules of our own
+# mutants/ package are left out: in mutmut's working copy `mutants` is mutmut's folder.
+STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
+UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
+                  "test_architecture.py")
+PLUGIN = Path(__file__).with_name("mutation_plugin.py")
+# The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
+# exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`
+# profile (2 examples a test). A surviving mutant runs every test that covers its function, so the
+# slow ones stay out: `slow` tests (whole gate sessions in subprocesses), the end-to-end statistical
+# and bench checks (tests/test_verify.py's chi-square tests judge the sampler in a fraction of the
+# time), and tests a gate repeats.
+SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.mutation_suite))
+DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution",
+              "gates/lossless.py::test_negative_control_lossy_engine_fails_the_distribution_test",
+              "gates/predicate_split.py::test_mixed_batches_async_equals_sync",
+              "tests/test_spec_decode.py::test_greedy_spec_equals_plain_under_preemption")
+PYTEST_ARGS = ("-p", "gates.plugin", "--gates-per-test", "-p", "mutation_plugin", "-m", "not slow",
+               *(a for test in DESELECTED for a in ("--deselect", test)))
+# mutmut ends a mutant's run after (the covering tests' time + constant) x multiplier seconds of
+# wall time (twice that of CPU time). A tight limit reads a busy machine as a hang; a loose one
+# lets a real hang hold a core. The engine raises on a stalled scheduler, so hangs are rare.
+TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 8.0, 30.0
+KILLED_EXIT_CODES = (1, 3)  # pytest's exit status for failed tests, and for an internal error
+
+
+def stage(staging: Path = STAGING) -> int:
+    """Copy the suite into `staging`, keeping mutmut's cache (staging/mutants/*.meta, stats).
+    mutmut retests a mutant when its function changes, not when the suite does; so when the
+    suite changed, every cached verdict but a kill is reset (a stronger suite cannot revive a
+    killed mutant; a fresh clone, as in CI, has no cache at all). Returns how many were reset."""
+    staging.mkdir(parents=True, exist_ok=True)
+    fingerprint, stamp = suite_fingerprint(), staging / "suite.sha256"
+    reset = 0
+    if stamp.exists() and stamp.read_text() != fingerprint:
+        reset = reset_verdicts(staging, keep=KILLED_EXIT_CODES)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", *UNSTAGED_TESTS)
+    for name in STAGED:
+        for root in (staging, staging / "mutants"):
+            target = root / name
+            if target.is_dir() and not (root.name == "mutants" and name == SOURCE):
+                shutil.rmtree(target)  # a removed test must not linger in either copy
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, staging / name, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, staging / name)
+    shutil.copy2(PLUGIN, staging / PLUGIN.name)
+    (staging / "pyproject.toml").write_text(staging_config())
+    stamp.write_text(fingerprint)
+    return reset
+
+
+def suite_fingerprint() -> str:
+    """A hash of everything staged but the code under mutation: tests, gates, fixtures, config."""
+    h = hashlib.sha256(staging_config().encode() + PLUGIN.read_bytes())
+    for name in STAGED:
+        if name == SOURCE:
+            continue
+        src = REPO / name
+        files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+            if src.is_dir() else [src]
+        for f in files:
+            if f.name not in UNSTAGED_TESTS:
+                h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def reset_verdicts(staging: Path, keep: tuple[int, ...]) -> int:
+    """Forget mutmut's cached verdicts (exit codes) except those in `keep`."""
+    reset = 0
+    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+        meta = json.loads(meta_path.read_text())
+        codes = meta["exit_code_by_key"]
+        for name, code in codes.items():
+            if code is not None and code not in keep:
+                codes[name] = None
+                reset += 1
+        meta_path.write_text(json.dumps(meta, indent=4))
+    return reset
+
+
+def staging_config() -> str:
+    pytest_ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    also_copy = [n for n in STAGED if n not in (SOURCE, "tests")] + [PLUGIN.name]
+    return "\n".join([
+        "# Generated by `specgate mutate` (mutants/mutate.py); edits are overwritten.",
+        "[tool.pytest.ini_options]",
+        'addopts = "-p no:cacheprovider"',
+        f"markers = {json.dumps(pytest_ini['markers'])}",
+        "",
+        "[tool.mutmut]",
+        f'source_paths = ["{SOURCE}"]',
+        f"also_copy = {json.dumps(also_copy)}",
+        f"pytest_add_cli_args = {json.dumps(list(PYTEST_ARGS))}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(SUITE))}",
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
+        f"timeout_constant = {TIMEOUT_CONSTANT}",
+        "",
+    ])

@@ -132,8 +132,11 @@ class ModelConfig:
         elif eos is not None:
             kwargs["eos_token_id"] = eos
         dtype = raw.get("dtype", raw.get("torch_dtype"))
-        return cls(**kwargs, rope_theta=rope_theta, rope_scaling=rope_scaling,
-                   dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
+        try:
+            return cls(**kwargs, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                       dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
+        except ModelLoadError as e:  # name the file, not just "config.json"
+            raise ModelLoadError(str(e).replace("config.json", where, 1)) from None
 
 
 @dataclass(frozen=True)

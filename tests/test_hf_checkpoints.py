@@ -187,3 +187,24 @@ def test_generation_config_sampling_defaults_apply_when_no_params_are_given(tmp_
     edit_json(folder / "generation_config.json", do_sample=True, temperature=0.6, top_p=0.9)
     params = make(folder).generation.sampling_params()
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, -1, 5)
+
+
+def test_a_sharded_folder_has_a_checksum_for_reports(llama3_sharded_dir, llama3_dir):
+    from engine.runtime import model_checksums, weights_sha256
+    assert model_checksums(llama3_sharded_dir)["target"] == weights_sha256(llama3_sharded_dir)
+    assert weights_sha256(llama3_sharded_dir) != weights_sha256(llama3_dir)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("index names a missing shard", "which the folder does not have"),
+    ("index without weight_map", "must be JSON with a 'weight_map' object"),
+])
+def test_a_damaged_shard_index_is_refused_by_name(tmp_path, llama3_sharded_dir, damage, message):
+    folder = tmp_path / "damaged"
+    shutil.copytree(llama3_sharded_dir, folder)
+    if damage == "index names a missing shard":
+        next(folder.glob("model-00002-of-*.safetensors")).unlink()
+    else:
+        (folder / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=message):
+        make(folder)

@@ -48,10 +48,10 @@ def parse_rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
     if rope_type not in ROPE_TYPE_KEYS:
         raise ValueError(f"{where}: rope_type={rope_type!r} is not supported (supported: "
                          f"{', '.join(ROPE_TYPE_KEYS)})")
-    for name in ("partial_rotary_factor",):
-        value = rope.get(name, raw.get(name))
-        if value not in (None, 1, 1.0):
-            raise ValueError(f"{where}: {name}={value!r} is not supported (only a full rotary head, 1.0)")
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{where}: partial_rotary_factor={partial!r} is not supported (only a full rotary "
+                         f"head, 1.0)")
     allowed = ROPE_TYPE_KEYS[rope_type] | {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
     unknown = sorted(set(rope) - allowed)
     if unknown:

@@ -49,9 +49,14 @@ class HFTokenizer:
     def __init__(self, folder: str | os.PathLike):
         from tokenizers import Tokenizer, processors
         folder = Path(folder)
-        self._tok = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
         cfg_path = folder / TOKENIZER_CONFIG_FILE
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            self._tok = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+            cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        except Exception as e:  # tokenizers raises its own exception types for a bad file
+            raise ModelLoadError(f"{folder}: tokenizer.json / tokenizer_config.json cannot be read: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{cfg_path} must hold a JSON object")
         cls = cfg.get("tokenizer_class")
         if cls not in TOKENIZER_CLASSES:
             raise ModelLoadError(f"{cfg_path}: tokenizer_class={cls!r} is not supported "

@@ -208,3 +208,11 @@ def test_a_damaged_shard_index_is_refused_by_name(tmp_path, llama3_sharded_dir, 
         (folder / "model.safetensors.index.json").write_text("{}")
     with pytest.raises(ModelLoadError, match=message):
         make(folder)
+
+
+def test_an_unreadable_tokenizer_json_is_refused_by_name(tmp_path, llama3_dir):
+    folder = tmp_path / "badtok"
+    shutil.copytree(llama3_dir, folder)
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json / tokenizer_config\.json cannot be read"):
+        make(folder)

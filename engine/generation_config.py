@@ -50,6 +50,8 @@ class GenerationDefaults:
         if raw.get("do_sample"):
             sampling = {name: raw[name] for name in ("temperature", "top_k", "top_p") if raw.get(name) is not None}
             sampling.setdefault("temperature", 1.0)
+            # transformers' generate fills an unset top_k with 50, clamped to the vocabulary
+            sampling.setdefault("top_k", 50 if model_config.vocab_size > 50 else -1)
         if raw.get("max_new_tokens") is not None:
             sampling["max_tokens"] = raw["max_new_tokens"]
         try:

@@ -186,7 +186,8 @@ def test_generation_config_sampling_defaults_apply_when_no_params_are_given(tmp_
     assert out.token_ids == references["llama3"][0][:5]
     edit_json(folder / "generation_config.json", do_sample=True, temperature=0.6, top_p=0.9)
     params = make(folder).generation.sampling_params()
-    assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, -1, 5)
+    # top_k unset: transformers' generate default, 50
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 50, 5)
 
 
 def test_a_sharded_folder_has_a_checksum_for_reports(llama3_sharded_dir, llama3_dir):

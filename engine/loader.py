@@ -110,7 +110,8 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
                     stored_head = tensor  # checked against the embedding below
                     continue
-                model.load_state_dict({name: tensor}, strict=False, assign=True)
+                module_name, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(tensor, requires_grad=False))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
         if stored_head is not None and not torch.equal(stored_head, model.lm_head.weight):
@@ -119,8 +120,6 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
                 f"from model.embed_tokens.weight; specgate refuses to guess which head is meant (transformers "
                 f"would use the stored one): set tie_word_embeddings to false to use it")
     model.rotary.to(device=device, dtype=dtype)
-    for p in model.parameters():
-        p.requires_grad_(False)
     return model.eval()
 
 

@@ -22,7 +22,8 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--num-spec-tokens", type=int, default=4, help="draft tokens per verify step (k)")
     ap.add_argument("--drafter", default=None, help="block drafter folder (default: fixture drafter)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                    help="default: the checkpoint's dtype (float32 for float16 or unstated)")
 
 
 def _drafter(args) -> str | None:
@@ -33,7 +34,9 @@ def _drafter(args) -> str | None:
 def _llm(args, **extra):
     from engine import LLM
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
-                  device=args.device, dtype=args.dtype)
+                  device=args.device)
+    if args.dtype is not None:
+        kwargs["dtype"] = args.dtype
     kwargs.update(extra)
     return LLM(args.model, **kwargs)
 

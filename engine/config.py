@@ -6,10 +6,18 @@ from pathlib import Path
 
 import torch
 
+from engine.activations import ACTIVATIONS, TRANSFORMERS_ACTIVATIONS
 from engine.errors import ModelLoadError, SpecgateError
+from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
 from engine.policy import MAX_INFLIGHT_STEPS, kv_lookahead
+from engine.rope import RopeScaling, parse_rope
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# A checkpoint may be stored in these; float16 ones run in float32 unless a dtype is asked for
+# (float16 values are exact in float32; the engine does not run in float16).
+CHECKPOINT_DTYPES = (*DTYPES, "float16")
+# transformers' LlamaConfig default; a config.json without rms_norm_eps means this.
+LLAMA_RMS_NORM_EPS = 1e-6
 SPEC_METHODS = (None, "ngram", "block")
 
 
@@ -29,7 +37,7 @@ def read_config_json(folder: Path, kind: str) -> tuple[Path, dict]:
     return path, raw
 
 
-def require_fields(path: Path, raw: dict, required) -> None:
+def require_fields(path: Path | str, raw: dict, required) -> None:
     missing = [f for f in required if f not in raw]
     if missing:
         raise ModelLoadError(f"{path} is missing required fields: {', '.join(missing)}")
@@ -46,12 +54,16 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     max_position_embeddings: int
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: float = LLAMA_RMS_NORM_EPS
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     head_dim: int | None = None
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | None = None   # the first end-of-sequence id; eos_token_ids holds them all
+    hidden_act: str = "silu"
+    rope_scaling: RopeScaling | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str | None = None          # the checkpoint's own dtype: the engine's when none is asked
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -67,12 +79,32 @@ class ModelConfig:
             raise ModelLoadError(
                 f"config.json: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
                 f"({self.num_attention_heads}) when head_dim is not given")
-        for name in ("bos_token_id", "eos_token_id"):
-            value = getattr(self, name)
+        if self.eos_token_id is not None and not self.eos_token_ids:
+            object.__setattr__(self, "eos_token_ids", (self.eos_token_id,))
+        if self.eos_token_ids and self.eos_token_id is None:
+            object.__setattr__(self, "eos_token_id", self.eos_token_ids[0])
+        for name, value in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id),
+                            *(("eos_token_id", v) for v in self.eos_token_ids)]:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or not 0 <= value < self.vocab_size):
                 raise ModelLoadError(f"config.json: {name} must be a token id in [0, {self.vocab_size}) "
                                      f"(vocab_size), got {value!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            known = "transformers knows it, specgate does not implement it" \
+                if self.hidden_act in TRANSFORMERS_ACTIVATIONS else "transformers does not know it either"
+            raise ModelLoadError(f"config.json: hidden_act={self.hidden_act!r} is not supported ({known}); "
+                                 f"supported: {', '.join(sorted(ACTIVATIONS))}")
+        if isinstance(self.rms_norm_eps, bool) or not isinstance(self.rms_norm_eps, (int, float)) \
+                or not 0 < self.rms_norm_eps < 1:
+            raise ModelLoadError(f"config.json: rms_norm_eps must be a number in (0, 1), got {self.rms_norm_eps!r}")
+        if self.dtype is not None and self.dtype not in CHECKPOINT_DTYPES:
+            raise ModelLoadError(f"config.json: dtype {self.dtype!r} is not supported "
+                                 f"(supported: {', '.join(CHECKPOINT_DTYPES)})")
+
+    @property
+    def default_engine_dtype(self) -> str:
+        """The engine's dtype when the user asks for none: the checkpoint's, float32 for float16."""
+        return self.dtype if self.dtype in DTYPES else "float32"
 
     @property
     def dim_per_head(self) -> int:
@@ -81,22 +113,41 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "ModelConfig":
         path, raw = read_config_json(Path(model_dir), "model")
+        return cls.from_dict(raw, str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str = "config.json") -> "ModelConfig":
+        """A Hugging Face Llama config.json's dict; every key is checked against LLAMA_CONFIG_KEYS."""
         arch = raw.get("architectures") or ["LlamaForCausalLM"]
         if raw.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in arch:
             raise ModelLoadError(
-                f"{path}: only the Llama architecture is supported, got model_type="
+                f"{where}: only the Llama architecture is supported, got model_type="
                 f"{raw.get('model_type')!r} architectures={arch!r}")
-        for unsupported in ("rope_scaling", "attention_bias", "mlp_bias"):
-            if raw.get(unsupported):
-                raise ModelLoadError(f"{path}: {unsupported}={raw[unsupported]!r} is not supported")
-        known = {f for f in cls.__dataclass_fields__}
-        require_fields(path, raw, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                   "num_attention_heads", "max_position_embeddings"))
-        kwargs = {k: v for k, v in raw.items() if k in known}
+        try:
+            check_keys(raw, LLAMA_CONFIG_KEYS, where)
+            rope_theta, rope_scaling = parse_rope(raw, where)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        require_fields(where, raw, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                    "num_attention_heads", "max_position_embeddings"))
+        taken = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                 "head_dim", "bos_token_id", "hidden_act")
+        kwargs = {k: raw[k] for k in taken if raw.get(k) is not None}
         kwargs.setdefault("num_key_value_heads", raw["num_attention_heads"])
-        if isinstance(kwargs.get("eos_token_id"), list):
-            kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
-        return cls(**kwargs)
+        eos = raw.get("eos_token_id")
+        if isinstance(eos, list):
+            if not eos:
+                raise ModelLoadError(f"{where}: eos_token_id is an empty list")
+            kwargs["eos_token_ids"] = tuple(eos)
+        elif eos is not None:
+            kwargs["eos_token_id"] = eos
+        dtype = raw.get("dtype", raw.get("torch_dtype"))
+        try:
+            return cls(**kwargs, rope_theta=rope_theta, rope_scaling=rope_scaling,
+                       dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
+        except ModelLoadError as e:  # name the file, not just "config.json"
+            raise ModelLoadError(str(e).replace("config.json", where, 1)) from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError, SpecgateError
+from engine.generation_config import GenerationDefaults
 from engine.loader import load_model
 from engine.outputs import RequestOutput
 from engine.proposers import NgramProposer
@@ -22,7 +23,7 @@ from engine.sampling import SamplingParams, request_key
 from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
 from engine.step_result import StepResult
-from engine.tokenizer import ByteTokenizer
+from engine.tokenizer import HFTokenizer, load_tokenizer
 from engine.trace import StepTrace, trace_step
 from engine.veto import runner_policy
 
@@ -41,10 +42,16 @@ class LLM:
             raise ModelLoadError("LLM() needs model=<a Hugging Face-format folder> (the fixture target is "
                                  "fixtures.TARGET_DIR; the specgate command and the test fixtures pass it)")
         model_dir = Path(model)
+        self.model_config = ModelConfig.from_dir(model_dir)
+        engine_kwargs.setdefault("dtype", self.model_config.default_engine_dtype)
         self.config = EngineConfig(model=str(model_dir), **engine_kwargs)
         self.model_dir = model_dir
-        self.model_config = ModelConfig.from_dir(model_dir)
-        self.tokenizer = ByteTokenizer()
+        self.generation = GenerationDefaults.from_dir(model_dir, self.model_config)
+        self.eos_token_ids = frozenset(self.generation.eos_token_ids)
+        self.tokenizer = load_tokenizer(model_dir)
+        if self.tokenizer.vocab_size > self.model_config.vocab_size and isinstance(self.tokenizer, HFTokenizer):
+            raise SpecgateError(f"{model_dir}: tokenizer.json has {self.tokenizer.vocab_size} tokens, more than "
+                                f"the model's vocab_size {self.model_config.vocab_size}")
         if self.model_config.vocab_size < self.tokenizer.vocab_size:
             raise SpecgateError(f"{model_dir}: vocab_size {self.model_config.vocab_size} is smaller than the "
                                 f"byte tokenizer's {self.tokenizer.vocab_size}")
@@ -83,7 +90,7 @@ class LLM:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_step: int = 0) -> Request:
         """Validate and queue one request. A bad request raises RequestError and changes nothing."""
-        params = params if params is not None else SamplingParams()
+        params = params if params is not None else self.generation.sampling_params()
         token_ids = self._validate(prompt, params, arrival_step)
         req = Request(self._next_id, token_ids, params, request_key(params.seed, self._rng),
                       arrival_step=self.scheduler.step + arrival_step)
@@ -107,6 +114,8 @@ class LLM:
                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if params.top_k > vocab:
+            raise RequestError(f"top_k ({params.top_k}) exceeds the vocabulary ({vocab}); use -1 to keep every token")
         if len(token_ids) >= self.config.max_model_len:
             raise RequestError(f"prompt has {len(token_ids)} tokens; the context holds "
                                f"{self.config.max_model_len} (max_model_len): the prompt plus at least "
@@ -172,6 +181,7 @@ class LLM:
         results = StepResult.unpack(flight.host.tolist())
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
+        self._fail_requests_with_errors(flight.plan)
         plan = flight.plan
         for row, result in zip(plan.real_rows, results):
             req = row.request
@@ -194,6 +204,15 @@ class LLM:
                     self._finished.append(req)
                     break
 
+    def _fail_requests_with_errors(self, plan: StepPlan) -> None:
+        """A request whose step failed on the host (req.error) ends alone, emitting nothing from
+        that step; the others in the batch go on."""
+        for req in plan.requests:
+            if req.error is not None and not req.is_finished:
+                req.finish_step = plan.step
+                self.scheduler.finish(req, "error")
+                self._finished.append(req)
+
     @staticmethod
     def _count_verify(req: Request, num_draft: int, num_accepted: int) -> None:
         s = req.stats
@@ -208,7 +227,7 @@ class LLM:
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p = req.params
-        if token in p.stop_token_ids or (token == self.model_config.eos_token_id and not p.ignore_eos):
+        if token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos):
             return "stop"
         if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.config.max_model_len:
             return "length"
@@ -225,13 +244,13 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         n = len(prompts)
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * n
+        params_list = params if isinstance(params, list) else [params or self.generation.sampling_params()] * n
         arrivals = arrival_steps or [0] * n
         if len(params_list) != n or len(arrivals) != n:
             raise RequestError(f"got {n} prompts, {len(params_list)} params and {len(arrivals)} arrival steps")
         for i, (prompt, p, a) in enumerate(zip(prompts, params_list, arrivals)):
             try:
-                self._validate(prompt, p if p is not None else SamplingParams(), a)
+                self._validate(prompt, p if p is not None else self.generation.sampling_params(), a)
             except RequestError as e:
                 raise RequestError(f"request {i}: {e}") from None
         reqs = [self.add_request(pr, p, a) for pr, p, a in zip(prompts, params_list, arrivals)]
@@ -248,7 +267,7 @@ class LLM:
         prompt = req.prompt_token_ids
         return RequestOutput(req.request_id, self.tokenizer.decode(prompt), prompt,
                              list(req.output_token_ids), self.tokenizer.decode(req.output_token_ids),
-                             req.finish_reason or "", req.stats)
+                             req.finish_reason or "", req.stats, req.error)
 
 
 def _progress(total: int):

@@ -13,3 +13,4 @@ class RequestOutput:
     text: str
     finish_reason: str
     stats: RequestStats
+    error: str | None = None  # set when finish_reason is "error": the request failed alone

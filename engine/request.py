@@ -41,6 +41,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     first_token_step: int | None = None
     finish_step: int | None = None
+    error: str | None = None          # why the request failed at run time (finish_reason "error")
 
     @property
     def num_tokens(self) -> int:

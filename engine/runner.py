@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput
-from engine.sampling import SamplingTensors
+from engine.sampling import SamplingTensors, guarded_processors
 from engine.scheduler import ScheduledBatch
 from engine.step_plan import StepPlan, StepPlanner
 from engine.tokenizer import PAD_ID
@@ -144,7 +144,7 @@ class ModelRunner:
         logits = torch.zeros(num_reqs, width, self.vocab_size, device=dev)
         logits[logit_row, logit_offset] = self.model.compute_logits(hidden[logits_indices])
         for r, req in processors:  # host callables, only for requests that asked (eager arm)
-            for proc in req.params.logits_processors:
+            for proc in guarded_processors(req):  # one that raises fails its request alone
                 logits[r, 0] = proc(list(req.output_token_ids), logits[r, 0])
 
         sampling = SamplingTensors(temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],

@@ -21,11 +21,15 @@ STREAM_SAMPLE, STREAM_ACCEPT, STREAM_DRAFT = 0, 1, 2
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 MAX_SEED = 1 << 64
+MAX_TOP_K = (1 << 63) - 1  # top_k travels to the device as int64
+# Below this, logits / T overflows float32 for ordinary logits and softmax gives NaN; such a
+# temperature is treated as greedy (vLLM does the same below its _SAMPLING_EPS, 1e-5).
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0          # 0 means greedy
+    temperature: float = 1.0          # 0 (or below MIN_TEMPERATURE) means greedy
     top_k: int = -1                   # -1 or 0: off
     top_p: float = 1.0
     seed: int | None = None
@@ -38,8 +42,11 @@ class SamplingParams:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not math.isfinite(self.temperature) or self.temperature < 0:
             raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise RequestError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_TOP_K:
+            raise RequestError(f"top_k must be -1 (off), 0 (off) or a positive integer below 2**63, "
+                               f"got {self.top_k!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
                 or not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -109,7 +116,7 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     (temperature 0) get a one-hot distribution on the argmax, so p and q are always computed
     by this one function and processed identically.
     """
-    greedy = temperature == 0
+    greedy = temperature < MIN_TEMPERATURE
     scaled = logits / torch.where(greedy, 1.0, temperature)[..., None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device)
@@ -117,7 +124,8 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     in_top_k = rank < k[..., None]
     sorted_probs = torch.softmax(sorted_logits.masked_fill(~in_top_k, -math.inf), dim=-1)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    keep = in_top_k & ((mass_before < top_p[..., None]) | (rank == 0))
+    # top_p 1.0 keeps everything: the float32 running sum can round to 1.0 before the tail.
+    keep = in_top_k & ((mass_before < top_p[..., None]) | (rank == 0) | (top_p[..., None] >= 1.0))
     sorted_probs = torch.softmax(sorted_logits.masked_fill(~keep, -math.inf), dim=-1)
     probs = torch.empty_like(sorted_probs).scatter_(-1, order, sorted_probs)
     one_hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
@@ -140,3 +148,24 @@ def _splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def guarded_processors(req) -> list[LogitsProcessor]:
+    """The request's logits processors, each wrapped so that one which raises, or returns something
+    other than a logits row of the same shape, fails this request alone: it records `req.error`
+    and leaves the row as it was, and the engine drops the request's result for the step."""
+    def guard(proc: LogitsProcessor) -> LogitsProcessor:
+        def run(output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
+            if req.error is not None:
+                return row
+            try:
+                out = proc(output_ids, row)
+                if not isinstance(out, torch.Tensor) or out.shape != row.shape:
+                    raise TypeError(f"returned {type(out).__name__} {getattr(out, 'shape', '')}, "
+                                    f"not a logits row of shape {tuple(row.shape)}")
+                return out
+            except Exception as e:  # noqa: BLE001 - any failure of user code fails its request only
+                req.error = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {type(e).__name__}: {e}"
+                return row
+        return run
+    return [guard(p) for p in req.params.logits_processors]

@@ -94,7 +94,9 @@ CONFIG_CASES = [
      r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
     (dict(num_attention_heads=5, num_key_value_heads=5), ModelLoadError,
      r"hidden_size \(192\) must divide by num_attention_heads \(5\)"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), ModelLoadError, r"rope_scaling=.* is not supported"),
+    (dict(rope_scaling={"type": "yarn", "factor": 2.0}), ModelLoadError, r"rope_type='yarn' is not supported"),
+    (dict(sliding_window=4096), ModelLoadError, r"sliding_window=4096 is not supported \(sliding-window attention\)"),
+    (dict(some_new_key=1), ModelLoadError, r"unknown key some_new_key=1: specgate refuses keys it does not know"),
     (dict(eos_token_id=300), ModelLoadError, r"eos_token_id must be a token id in \[0, 260\).*got 300"),
     # The config parses, but the weights do not fit it: the tensor is named with both shapes.
     (dict(hidden_size=256), ModelLoadError,

@@ -46,11 +46,13 @@ ACCEPTED = [  # (config.json, what the loaded config must hold)
     (without(TINY, "architectures", "model_type"), {}),
     ({**TINY, "architectures": ["LlamaForCausalLM", "Other"]}, {}),
     (without(TINY, "num_key_value_heads"), dict(num_key_value_heads=2)),
-    ({**TINY, "eos_token_id": [257, 258]}, dict(eos_token_id=257)),
+    ({**TINY, "eos_token_id": [257, 258]}, dict(eos_token_id=257, eos_token_ids=(257, 258))),
     ({**TINY, "eos_token_id": [3]}, dict(eos_token_id=3)),
     ({**TINY, "eos_token_id": 257, "bos_token_id": 256}, dict(eos_token_id=257, bos_token_id=256)),
     ({**TINY, "attention_bias": False, "mlp_bias": False, "rope_scaling": None}, {}),
-    ({**TINY, "torch_dtype": "bfloat16", "pad_token_id": 258}, {}),  # unknown fields are ignored
+    ({**TINY, "torch_dtype": "bfloat16", "pad_token_id": 258}, dict(dtype="bfloat16")),
+    ({**TINY, "dtype": "float16"}, dict(dtype="float16")),
+    (TINY, dict(rms_norm_eps=1e-6, hidden_act="silu", rope_theta=10000.0, rope_scaling=None, dtype=None)),
 ]
 
 
@@ -69,9 +71,11 @@ REFUSED = [  # (config.json, the message after "<path>: ")
      "only the Llama architecture is supported, got model_type='LLAMA' architectures=['LlamaForCausalLM']"),
     ({**without(TINY, "model_type"), "architectures": ["llamaforcausallm"]},
      "only the Llama architecture is supported, got model_type=None architectures=['llamaforcausallm']"),
-    ({**TINY, "attention_bias": True}, "attention_bias=True is not supported"),
-    ({**TINY, "mlp_bias": True}, "mlp_bias=True is not supported"),
-    ({**TINY, "rope_scaling": {"type": "linear"}}, "rope_scaling={'type': 'linear'} is not supported"),
+    ({**TINY, "attention_bias": True}, "attention_bias=True is not supported (biases on q/k/v/o projections)"),
+    ({**TINY, "mlp_bias": True}, "mlp_bias=True is not supported (biases on the MLP projections)"),
+    ({**TINY, "rope_scaling": {"type": "linear"}}, "rope_type='linear' needs factor"),
+    ({**TINY, "rope_scaling": {"type": "yarn", "factor": 2.0}},
+     "rope_type='yarn' is not supported (supported: default, linear, dynamic, llama3)"),
 ]
 
 

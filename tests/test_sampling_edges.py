@@ -1,0 +1,94 @@
+"""Sampling values at their edges can never poison the engine: each is refused when added, or has
+a defined meaning; a request that fails while a step runs fails alone and the engine keeps serving."""
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.errors import RequestError
+from engine.sampling import MAX_TOP_K, processed_probs
+
+PROMPTS = ["def main(", "import os\n", "class A:\n    "]
+
+
+def greedy(max_tokens=12, **kw):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 1e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(make_llm, temperature):
+    params = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True, seed=1)
+    assert params.temperature == 0 and params.is_greedy
+    llm = make_llm()
+    tiny = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in tiny] == [o.token_ids for o in llm.generate(PROMPTS, greedy())]
+
+
+def test_the_smallest_sampled_temperature_gives_finite_probabilities():
+    logits = torch.tensor([[30.0, -30.0, 0.0]])
+    probs = processed_probs(logits, torch.tensor([1e-5]), torch.tensor([-1]), torch.tensor([1.0]))
+    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("top_k", [MAX_TOP_K + 1, 2 ** 64])
+def test_top_k_beyond_int64_is_refused_when_made(top_k):
+    with pytest.raises(RequestError, match="top_k must be .* below 2\\*\\*63"):
+        SamplingParams(top_k=top_k)
+
+
+def test_top_k_beyond_the_vocabulary_is_refused_at_add_time_and_the_engine_keeps_serving(make_llm):
+    llm = make_llm()
+    expected = [o.token_ids for o in llm.generate(PROMPTS, greedy())]
+    for top_k in (261, MAX_TOP_K):
+        with pytest.raises(RequestError, match=rf"top_k \({top_k}\) exceeds the vocabulary \(260\)"):
+            llm.generate(PROMPTS, SamplingParams(top_k=top_k))
+    assert SamplingParams(top_k=260).top_k == 260
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == expected
+
+
+@pytest.mark.parametrize("row", [[0.0, -20.0, -20.0], [5.0, -40.0, -40.0, -40.0], [0.0, 0.0, -100.0]])
+def test_top_p_one_is_the_identity(row):
+    logits = torch.tensor([row])
+    probs = processed_probs(logits, torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([1.0]))
+    assert torch.equal(probs, torch.softmax(logits, -1))
+    assert (probs > 0).all()
+
+
+def test_top_p_one_keeps_every_token_of_a_large_vocabulary():
+    logits = torch.randn(2, 128_256, generator=torch.Generator().manual_seed(0)) * 6
+    probs = processed_probs(logits, torch.ones(2), torch.full((2,), -1), torch.ones(2))
+    assert (probs > 0).sum().item() == (torch.softmax(logits, -1) > 0).sum().item()
+
+
+class FailsOnCall:
+    """A logits processor that raises on its n-th call: a failure forced inside the step."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def __call__(self, output_ids, row):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("forced failure")
+        return row
+
+
+@pytest.mark.parametrize("async_runner", [False, True])
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_a_request_failing_inside_the_step_fails_alone(make_llm, async_runner, spec):
+    llm = make_llm(async_runner=async_runner, spec=spec, max_num_seqs=4)
+    expected = [o.token_ids for o in llm.generate(PROMPTS, greedy())]
+    params = [greedy(), greedy(logits_processors=[FailsOnCall(3)]), greedy()]
+    outs = llm.generate(PROMPTS, params)
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "forced failure" in outs[1].error and outs[1].token_ids == expected[1][:2]
+    assert [outs[0].token_ids, outs[2].token_ids] == [expected[0], expected[2]]
+    # The engine keeps serving: the same LLM runs the same batch again, identically.
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == expected
+    assert not llm.has_unfinished()
+
+
+def test_a_processor_returning_a_wrong_shape_fails_its_request_alone(make_llm):
+    llm = make_llm()
+    outs = llm.generate(PROMPTS[:2], [greedy(), greedy(logits_processors=[lambda ids, row: row[:3]])])
+    assert [o.finish_reason for o in outs] == ["length", "error"]
+    assert "not a logits row of shape" in outs[1].error and outs[1].token_ids == []

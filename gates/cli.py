@@ -19,6 +19,9 @@ def add_gates_parser(subparsers) -> None:
     run.add_argument("--model", default=None, help="target model folder (default: the fixture target)")
     run.add_argument("--drafter", default=None, help="block drafter folder (default: the fixture drafter)")
     run.add_argument("--device", default=None, help="device for the engine runs (default: cpu)")
+    run.add_argument("--busy-threshold", type=float, default=None, metavar="LEVEL",
+                     help="busy gate: the busy fraction the async graph arm must reach (default per model: "
+                     "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
     run.set_defaults(func=cmd_run)
 
@@ -40,7 +43,8 @@ def cmd_run(args) -> int:
     if args.cpu_only:
         gates = [g for g in gates if g.needs == "cpu"]
     result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
-                       drafter=args.drafter, device=args.device)
+                       drafter=args.drafter, device=args.device,
+                       pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "

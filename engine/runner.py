@@ -13,6 +13,7 @@ import torch
 
 from engine.attention import build_attention_metadata
 from engine.config import EngineConfig
+from engine.host_sync import DeclaredSyncs
 from engine.model import LlamaForCausalLM
 from engine.proposers import ProposeInput
 from engine.request import Request
@@ -90,6 +91,7 @@ class ModelRunner:
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
         self.buckets = graph_buckets(cfg.max_num_seqs)
         self.graphs: dict[int, tuple] = {}
+        self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
 
     # ---- host: describe the step ------------------------------------------------------------
     def plan_step(self, batch: ScheduledBatch, spec_width, is_async: bool, graph: bool) -> StepPlan:
@@ -268,7 +270,8 @@ class ModelRunner:
                 self.device_step(static_in, sizes)  # warm-up outside the graph
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Capture synchronises once per bucket (and a sync inside a capture fails it anyway).
+            with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph):
                 static_out = self.device_step(static_in, sizes)
             self.graphs[bucket] = (graph, static_in, static_out)
         graph, static_in, static_out = self.graphs[bucket]

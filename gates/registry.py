@@ -55,8 +55,9 @@ GATES = (
          "arms interleaved; a delta under the arms' spread is reported as under the floor", "cpu"),
     Gate("busy", "busy", "G4: fraction of decode wall time the GPU is busy, eager and graph arm, async "
          "and sync", "cuda"),
-    Gate("no-sync", "no_sync", "the async decode step makes no host synchronisation "
-         "(torch.cuda.set_sync_debug_mode('error') around the step), eager and graph arm", "cuda"),
+    Gate("no-sync", "no_sync", "the whole async decode loop (schedule to commit) makes no host read beyond "
+         "the engine's declared waits: a host-read hook everywhere, and on CUDA "
+         "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu"),
 )
 
 

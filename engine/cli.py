@@ -16,12 +16,17 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", default=None, help="block drafter folder (default: fixture drafter)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    runner = ap.add_mutually_exclusive_group()
+    runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
+                        help="use the async runner (lifts the veto for this run)")
+    runner.add_argument("--sync-runner", dest="async_runner", action="store_false",
+                        help="use the sync runner (default: the veto's decision, engine/veto.py)")
 
 
 def _llm(args, **extra):
     from engine import LLM
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=args.drafter,
-                  device=args.device, dtype=args.dtype)
+                  device=args.device, dtype=args.dtype, async_runner=args.async_runner)
     kwargs.update(extra)
     return LLM(args.model, **kwargs)
 

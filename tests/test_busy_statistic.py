@@ -77,3 +77,29 @@ def test_too_few_or_unpaired_legs_are_refused():
         PairedMedianAB("busy", [.4, .4, .4], [.5, .5, .5])
     with pytest.raises(ValueError, match="paired"):
         PairedMedianAB("busy", [.4] * 5, [.5] * 6)
+
+
+def test_the_busy_threshold_defaults_per_model_and_refuses_an_unknown_small_one(tmp_path):
+    from fixtures import TARGET_DIR
+    from gates.busy import default_threshold
+    assert default_threshold(TARGET_DIR, 3_000_000)[0] == FIXTURE_THRESHOLD
+    assert default_threshold(tmp_path, 1_240_000_000)[0] == 0.95
+    with pytest.raises(pytest.UsageError, match="--busy-threshold"):
+        default_threshold(tmp_path, 50_000_000)
+
+
+def test_the_host_read_hook_flags_undeclared_reads_and_counts_declared_ones():
+    import torch
+
+    from engine.host_sync import DeclaredSyncs
+    from gates.no_sync import HostReads
+    declared, t = DeclaredSyncs(), torch.tensor([1, 2])
+    reads = HostReads(declared)
+    with reads:
+        t.tolist()
+        with declared.allow("deferred result read"):
+            t.tolist()
+        int(t[0])
+        t.cpu()
+    assert [r.split("(")[0].strip() for r in reads.undeclared] == [".tolist", ".__int__", ".cpu"]
+    assert reads.allowed == 1 and declared.counts == {"deferred result read": 1} and declared.active is None

@@ -119,8 +119,9 @@ DEFECTS = (
     # ---- only a GPU shows these ------------------------------------------------------------------
     Defect("host-sync-in-device-step",
            "A host synchronisation slipped into the async step: the logits count is read back from the "
-           "device (.item()) instead of taken from the host plan, so the host waits on every step.",
-           ("no-sync",), needs="cuda"),
+           "device (.item()) instead of taken from the host plan, so the host waits on every step (no-sync's "
+           "host-read hook shows it on the CPU too; on CUDA sync debug mode raises).",
+           ("no-sync",)),
     Defect("graph-warmup-on-real-batch",
            "Graph capture warm-up on real inputs: the first step of each bucket runs twice (warm-up, then "
            "replay), and device-fed rows advance their state twice.",

@@ -22,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from engine import SamplingParams
-from gates.workloads import DRAFTERS, PROMPTS
+from gates.workloads import DRAFTERS, PROMPTS, observe_plans
 
 HAS_CUDA = torch.cuda.is_available()
 CLAIMS = ("ngram", "block", "eager arm", "graph arm", "steps checked", "num_reqs>1", "prefill steps checked",
@@ -74,16 +74,6 @@ def checked_step(llm, reads: HostReads) -> None:
             raise SyncFound(f"step {llm.scheduler.step}: {e}") from e
         finally:
             torch.cuda.set_sync_debug_mode("default")
-
-
-def observe_plans(llm, plans: list) -> None:
-    """Record each executed plan's arm, size and whether it prefilled; changes nothing."""
-    execute = llm.runner.execute
-
-    def observed(plan):
-        plans.append((plan.step, plan.arm, len(plan.requests), any(plan.is_prefill)))
-        return execute(plan)
-    llm.runner.execute = observed
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -16,7 +16,7 @@ import pytest
 
 from engine import SamplingParams
 from gates.measure import UNDER_THE_FLOOR, ABResult, timed_leg
-from gates.workloads import DRAFTERS, PROMPTS
+from gates.workloads import DRAFTERS, PROMPTS, observe_plans
 
 CLAIMS = ("ngram", "block", "concurrency 1", "concurrency 8", "arms interleaved", "sync arm", "async arm",
           "eager arm", "graph arm")
@@ -36,13 +36,14 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
     graph = graph_arm == "graph"
     max_tokens = MAX_TOKENS["cuda" if gate_device.startswith("cuda") else "cpu"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    legs, order = [], 0
+    legs, order, plans = [], 0, []
     for c in CONCURRENCIES:
         engines = {}
         for arm, env in ARMS.items():  # the veto's own switch, as an operator would set it
             monkeypatch.setenv("VT_ASYNC_RUNNER", env)
             engines[arm] = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=c, graph=graph)
             assert engines[arm].is_async == (arm == "async"), f"VT_ASYNC_RUNNER={env} did not pick the {arm} runner"
+            observe_plans(engines[arm], plans)
         for i in range(WARMUP_LEGS + MEASURED_LEGS):
             for arm in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
                 leg = timed_leg(engines[arm], workload(c), params, arm, c, i, warm=i >= WARMUP_LEGS)
@@ -55,7 +56,8 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
     gate_record.occurred("arms interleaved", interleaved(legs))
     on_cuda = gate_device.startswith("cuda")
     replayed = all(bool(e.runner.graphs) for e in engines.values()) if on_cuda else True
-    gate_record.occurred(f"{graph_arm} arm", not graph or replayed)
+    ran_graph_plans = any(a == "graph" for _, a, _, _ in plans)
+    gate_record.occurred(f"{graph_arm} arm", ran_graph_plans and replayed if graph else not ran_graph_plans)
     if graph and on_cuda:
         assert replayed, "graph arm: no CUDA graph was replayed"
 

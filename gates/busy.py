@@ -6,7 +6,8 @@ busy time is the union of the device's kernel, copy and set intervals inside it 
 clock, so host and device times are comparable; the range's own GPU-side annotation, which
 spans the whole window, is not activity). Runners are interleaved over a warm-up leg (dropped)
 and LEGS measured legs, and compared leg by leg (gates/measure.py, PairedMedianAB): a percentile
-bootstrap (2,000 resamples, seeded) of the median per-leg difference async - sync; a leg
+bootstrap (2,000 resamples, seeded) of the median per-leg difference async - sync, whose 95%
+interval must clear one point of busy time (BUSY_MIN_EFFECT) to count as ahead or behind; a leg
 beyond 3 scaled MADs is named in the evidence and kept.
 
 The async runner exists to keep the device fed while the host plans the next step. In the
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from gates.measure import PairedMedianAB, busy_fraction, judge_busy, median
+from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median
 from gates.plugin import option
 from gates.workloads import PROMPTS
 
@@ -109,7 +110,7 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
     gate_record.occurred(f"{arm} arm", not graph or bool(engines["async"].runner.graphs))
     gate_record.occurred("device activity measured", all(v > 0 for vs in busy.values() for v in vs))
     assert all(len(v) == LEGS for v in busy.values()), f"a runner is missing measured legs: {busy}"
-    result = PairedMedianAB("gpu_busy_fraction", busy["sync"], busy["async"])
+    result = PairedMedianAB("gpu_busy_fraction", busy["sync"], busy["async"], min_effect=BUSY_MIN_EFFECT)
     figures = result.as_dict()
     level = {"arm": arm, "async_level": round(median(busy["async"]), 4),
              "sync_level": round(median(busy["sync"]), 4),

@@ -110,6 +110,10 @@ def busy_fraction(intervals: list[tuple[float, float]], window: tuple[float, flo
 # interleaved, so a leg's hiccup hits both) and bootstraps the median of the per-leg differences.
 BOOTSTRAP = "percentile bootstrap of the median of per-leg differences (async - sync)"
 RESAMPLES, CONFIDENCE, OUTLIER_MADS, MIN_LEGS = 2000, 0.95, 3.0, 5
+# The smallest busy-fraction difference that counts: one point of decode time. Paired legs resolve
+# far smaller differences, and a consistent 0.2-point gap in the launch-bound eager arm is no
+# regression worth holding the veto for (the graph arm's level has its own threshold).
+BUSY_MIN_EFFECT = 0.01
 MAD_TO_SIGMA = 1.4826  # scales the median absolute deviation to a normal's standard deviation
 
 
@@ -147,8 +151,8 @@ class PairedMedianAB:
     """Runner B against runner A over paired, interleaved legs (a[i] and b[i] ran back to back).
 
     B is ahead when the whole bootstrap interval of the median per-leg difference lies on B's
-    better side of zero, behind when it lies on the worse side, and otherwise the difference is
-    under the floor (the interval straddles zero): reported as such, never as a ratio. Legs
+    better side of +-min_effect, behind when it lies beyond it on the worse side, and otherwise
+    the difference is under the floor: reported as such, never as a ratio. Legs
     beyond OUTLIER_MADS scaled MADs from their median are named in `outliers`; every leg stays in.
     """
     metric: str
@@ -158,6 +162,7 @@ class PairedMedianAB:
     resamples: int = RESAMPLES
     confidence: float = CONFIDENCE
     seed: int = 0
+    min_effect: float = 0.0
     a_name: str = "sync"
     b_name: str = "async"
 
@@ -173,10 +178,10 @@ class PairedMedianAB:
     @property
     def result(self) -> str:
         lo, hi = self.interval
-        sign = 1 if self.higher_is_better else -1
-        if (lo > 0 and sign > 0) or (hi < 0 and sign < 0):
+        sign, m = (1 if self.higher_is_better else -1), self.min_effect
+        if (lo > m and sign > 0) or (hi < -m and sign < 0):
             return "ahead"
-        if (hi < 0 and sign > 0) or (lo > 0 and sign < 0):
+        if (hi < -m and sign > 0) or (lo > m and sign < 0):
             return "behind"
         return UNDER_THE_FLOOR
 
@@ -197,7 +202,7 @@ class PairedMedianAB:
                 f"{a}_legs": [round(v, 4) for v in self.a], f"{b}_legs": [round(v, 4) for v in self.b],
                 f"{a}_median": round(median(self.a), 4), f"{b}_median": round(median(self.b), 4),
                 "median_difference": round(self.median_difference, 4),
-                "interval": [round(v, 4) for v in self.interval],
+                "interval": [round(v, 4) for v in self.interval], "min_effect": self.min_effect,
                 "outlier_rule": f"beyond {OUTLIER_MADS:g} scaled MADs ({MAD_TO_SIGMA} x MAD) of the median; "
                                 f"named, kept in every statistic",
                 "outliers": named, "result": self.result}

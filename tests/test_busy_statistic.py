@@ -2,8 +2,8 @@
 must tolerate one collapsed leg (and name it), and must still go red on a real regression."""
 import pytest
 
-from gates.measure import (UNDER_THE_FLOOR, ABResult, PairedMedianAB, bootstrap_median_interval, judge_busy,
-                           median, outliers)
+from gates.measure import (BUSY_MIN_EFFECT, UNDER_THE_FLOOR, ABResult, PairedMedianAB, bootstrap_median_interval,
+                           judge_busy, median, outliers)
 
 # Measured on the H200 at 3bee987 (graph arm, fixtures): leg 4 collapsed in both runners.
 H200_SYNC = [.435, .430, .434, .422, .345]
@@ -12,9 +12,9 @@ FIXTURE_THRESHOLD = 0.5
 
 
 def test_one_collapsed_leg_is_named_and_does_not_hide_the_gain():
-    ab = PairedMedianAB("busy", H200_SYNC, H200_ASYNC)
+    ab = PairedMedianAB("busy", H200_SYNC, H200_ASYNC, min_effect=BUSY_MIN_EFFECT)
     assert ab.result == "ahead"
-    assert ab.interval[0] > 0
+    assert ab.interval[0] > BUSY_MIN_EFFECT
     named = {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]}
     assert named == {("sync", 4), ("async", 4), ("async-sync", 4)}
     assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
@@ -103,3 +103,11 @@ def test_the_host_read_hook_flags_undeclared_reads_and_counts_declared_ones():
         t.cpu()
     assert [r.split("(")[0].strip() for r in reads.undeclared] == [".tolist", ".__int__", ".cpu"]
     assert reads.allowed == 1 and declared.counts == {"deferred result read": 1} and declared.active is None
+
+
+def test_a_consistent_gap_under_one_point_is_under_the_floor_and_a_larger_one_is_behind():
+    sync = [.435, .430, .434, .422, .431, .428, .433]
+    slightly = PairedMedianAB("busy", sync, [v - .003 for v in sync], min_effect=BUSY_MIN_EFFECT)
+    assert slightly.result == UNDER_THE_FLOOR and judge_busy("eager", slightly, None) == []
+    clearly = PairedMedianAB("busy", sync, [v - .05 for v in sync], min_effect=BUSY_MIN_EFFECT)
+    assert clearly.result == "behind" and judge_busy("eager", clearly, None)

@@ -26,9 +26,12 @@ prove: venv
 	@mkdir -p reports
 	$(VENV)/bin/specgate prove --json reports/prove.json --markdown reports/prove.md
 
+# The last line is the veto's verdict (LIFT or KEEP, with reasons); KEEP is informational (always
+# so without CUDA); the exit status stays the gates run's: a red gate fails `make gates`.
 gates: venv
 	@mkdir -p reports
-	$(VENV)/bin/specgate gates run --json reports/gates.json --junit reports/gates.xml
+	@$(VENV)/bin/specgate gates run --json reports/gates.json --junit reports/gates.xml; status=$$?; \
+	 $(VENV)/bin/specgate gates verdict reports/gates.json; exit $$status
 
 gate: venv
 	@test -n "$(NAME)" || { echo "usage: make gate NAME=<gate-name>   (names: specgate gates list)"; exit 2; }

@@ -24,6 +24,11 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="default: the checkpoint's dtype (float32 for float16 or unstated)")
+    runner = ap.add_mutually_exclusive_group()
+    runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
+                        help="use the async runner (lifts the veto for this run)")
+    runner.add_argument("--sync-runner", dest="async_runner", action="store_false",
+                        help="use the sync runner (default: the veto's decision, engine/veto.py)")
 
 
 def _drafter(args) -> str | None:
@@ -34,7 +39,7 @@ def _drafter(args) -> str | None:
 def _llm(args, **extra):
     from engine import LLM
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
-                  device=args.device)
+                  device=args.device, async_runner=args.async_runner)
     if args.dtype is not None:
         kwargs["dtype"] = args.dtype
     kwargs.update(extra)

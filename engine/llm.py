@@ -175,10 +175,11 @@ class LLM:
 
     def _complete(self, flight: InFlight, blocking: bool) -> None:
         """Read a step's results (the one place the host waits on the device) and apply them."""
-        if flight.event is not None:
-            flight.event.synchronize()
         self.host_reads["blocking" if blocking else "deferred"] += 1
-        results = StepResult.unpack(flight.host.tolist())
+        with self.runner.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
+            if flight.event is not None:
+                flight.event.synchronize()
+            results = StepResult.unpack(flight.host.tolist())
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
         self._fail_requests_with_errors(flight.plan)

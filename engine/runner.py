@@ -15,6 +15,7 @@ import torch
 
 from engine.attention import build_attention_metadata
 from engine.config import EngineConfig
+from engine.host_sync import DeclaredSyncs
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput
@@ -63,6 +64,7 @@ class ModelRunner:
         self.is_cuda = cfg.device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
         self.graphs: dict[int, tuple] = {}
+        self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
@@ -188,7 +190,8 @@ class ModelRunner:
                 self.device_step(static_in, sizes)  # warm-up outside the graph
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Capture synchronises once per bucket (and a sync inside a capture fails it anyway).
+            with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph):
                 static_out = self.device_step(static_in, sizes)
             self.graphs[bucket] = (graph, static_in, static_out)
         graph, static_in, static_out = self.graphs[bucket]

@@ -27,7 +27,8 @@ def use_async_runner(spec: str | None, requested: bool | None) -> bool:
         return False
     if spec is not None:
         log.warning("async runner vetoed for speculative decoding (spec=%s): using the sync runner; "
-                    "set %s=1 or async_runner=True to lift the veto once `make gates` is green",
+                    "pass --async-runner (specgate generate/bench), set %s=1 or async_runner=True to "
+                    "lift the veto once `specgate gates verdict` says LIFT",
                     spec, ENV_VAR)
         return False
     return True

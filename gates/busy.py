@@ -1,32 +1,70 @@
 """Gate busy (G4): the fraction of decode wall time the GPU is busy, in the eager and the graph
-arm, on the async and the sync runner (CUDA only).
+arm, on the async and the sync runner (CUDA only), reported as a level.
 
 The decode window is a torch.profiler range around the steps after every request's prefill;
 busy time is the union of the device's kernel, copy and set intervals inside it (profiler
 clock, so host and device times are comparable; the range's own GPU-side annotation, which
-spans the whole window, is not activity). Runners are interleaved over several legs, and the
-noise floor is the larger spread of the two (gates/measure.py).
+spans the whole window, is not activity). Runners are interleaved over a warm-up leg (dropped)
+and LEGS measured legs, and compared leg by leg (gates/measure.py, PairedMedianAB): a percentile
+bootstrap (2,000 resamples, seeded) of the median per-leg difference async - sync, whose 95%
+interval must clear one point of busy time (BUSY_MIN_EFFECT) to count as ahead or behind; a leg
+beyond 3 scaled MADs is named in the evidence and kept.
 
 The async runner exists to keep the device fed while the host plans the next step. In the
 graph arm a step is one replay, so the sync runner leaves the device idle while it plans: there
-the async runner must be busier by more than the floor (a host that still blocks on each step's
-results, e.g. a blocking result download, shows no gain and is red). In the eager arm the
-fixture model is launch-bound, both runners keep the device equally (un)busy, and the async
-runner must only not be less busy beyond the floor.
+the async runner's median busy fraction must reach the threshold (--busy-threshold, default per
+model below) and the async runner must be busier than sync beyond the floor (a host that still
+blocks on each step's results, e.g. a blocking result download, shows no gain and is red). In
+the eager arm the fixture model is launch-bound, both runners keep the device equally (un)busy,
+and the async runner must only not be less busy beyond the floor.
 """
 import pytest
 import torch
 
 from engine import SamplingParams
-from gates.measure import ABResult, busy_fraction
+from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median
+from gates.plugin import DEFAULT_MODELS, option
 from gates.workloads import PROMPTS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs CUDA: torch.cuda.is_available() is False on this machine")
 
-CLAIMS = ("eager arm", "graph arm", "sync runner", "async runner", "device activity measured")
-LEGS, NUM_REQS, MAX_TOKENS = 5, 8, 32
+CLAIMS = ("eager arm", "graph arm", "sync runner", "async runner", "device activity measured",
+          "level checked")
+WARMUP_LEGS, LEGS, NUM_REQS, MAX_TOKENS = 1, 8, 8, 32
 DECODE_RANGE = "specgate.decode"
+
+# The level the async graph arm must reach, per model. The 1B benchmark shape (and larger): 0.95,
+# the level the reference engine records for G4 (96.0% node mode, 96.5% graph mode). The fixture
+# models are so small that a replayed step is a few tens of microseconds and the host's Python
+# per step is comparable, so no runner can reach 0.95 there: on the H200 (3bee987) the sync graph
+# arm measured 0.42-0.44 and the async one 0.59-0.60. 0.50 sits between them, about 0.1 under the
+# async level: a runner that blocks on each step (sync's level) fails it, host noise does not.
+BILLION_SHAPE_THRESHOLD, FIXTURE_THRESHOLD = 0.95, 0.50
+
+
+def default_threshold(model_dir, num_parameters: int, fixture_target) -> tuple[float, str]:
+    """(threshold, why) for a model with no --busy-threshold; unknown small models are refused.
+    `fixture_target` is the fixture model's folder, handed down by the layer that knows it."""
+    from pathlib import Path
+
+    if fixture_target is not None and Path(model_dir).resolve() == Path(fixture_target).resolve():
+        return FIXTURE_THRESHOLD, "fixture target: default 0.50"
+    if num_parameters >= 0.9e9:
+        return BILLION_SHAPE_THRESHOLD, f"{num_parameters / 1e9:.2f}B parameters: default 0.95 (1B shape and up)"
+    raise pytest.UsageError(f"busy: no default busy threshold for {model_dir} ({num_parameters / 1e6:.0f}M "
+                            f"parameters): pass --busy-threshold")
+
+
+def busy_threshold(config, llm) -> tuple[float, str]:
+    given = option(config, "--busy-threshold", "SPECGATE_BUSY_THRESHOLD")
+    if given is not None:
+        value = float(given)
+        if not 0 < value <= 1:
+            raise pytest.UsageError(f"--busy-threshold must be in (0, 1], got {given}")
+        return value, "given on the command line"
+    return default_threshold(llm.model_dir, sum(p.numel() for p in llm.model.parameters()),
+                             config.stash.get(DEFAULT_MODELS, {}).get("target"))
 
 
 def measure_decode(llm, params) -> float:
@@ -52,27 +90,36 @@ def measure_decode(llm, params) -> float:
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_busy_during_decode(make_llm, gate_record, graph):
+def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
+    arm = "graph" if graph else "eager"
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     engines = {runner: make_llm(device="cuda", spec="ngram", num_spec_tokens=4, graph=graph,
                                 max_num_seqs=NUM_REQS, async_runner=runner == "async")
                for runner in ("sync", "async")}
+    threshold, why = busy_threshold(request.config, engines["async"])
     for llm in engines.values():  # warm-up: allocations, kernels, graph capture
         llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(NUM_REQS)], params)
     busy = {"sync": [], "async": []}
-    for i in range(LEGS):
+    for i in range(WARMUP_LEGS + LEGS):
         for runner in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
-            busy[runner].append(measure_decode(engines[runner], params))
-            gate_record.case(arm="graph" if graph else "eager", runner=runner, leg=i, busy=busy[runner][-1])
+            value = measure_decode(engines[runner], params)
+            warm = i >= WARMUP_LEGS
+            if warm:
+                busy[runner].append(value)
+            gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=value)
             gate_record.occurred(f"{runner} runner")
-    gate_record.occurred("graph arm" if graph else "eager arm", not graph or bool(engines["async"].runner.graphs))
+    gate_record.occurred(f"{arm} arm", not graph or bool(engines["async"].runner.graphs))
     gate_record.occurred("device activity measured", all(v > 0 for vs in busy.values() for v in vs))
-    result = ABResult("gpu_busy_fraction", NUM_REQS, True, busy["sync"], busy["async"])
-    gate_record.measure(arm="graph" if graph else "eager", **result.as_dict())
+    assert all(len(v) == LEGS for v in busy.values()), f"a runner is missing measured legs: {busy}"
+    result = PairedMedianAB("gpu_busy_fraction", busy["sync"], busy["async"], min_effect=BUSY_MIN_EFFECT)
+    figures = result.as_dict()
+    level = {"arm": arm, "async_level": round(median(busy["async"]), 4),
+             "sync_level": round(median(busy["sync"]), 4),
+             "threshold": threshold if graph else None, "threshold_source": why if graph else None}
+    gate_record.measure(**level, **figures)
+    gate_record.occurred("level checked", not graph or level["threshold"] is not None)
     if graph:
         assert engines["async"].runner.graphs, "graph=True never replayed a CUDA graph"
-    gate_record.evidence(**result.as_dict())
-    assert not result.b_is_worse, f"the async runner keeps the GPU less busy than the sync runner: {result.as_dict()}"
-    if graph:
-        assert not result.under_floor, (f"graph arm: the async runner shows no busy-time gain over the sync "
-                                        f"runner beyond the noise floor: {result.as_dict()}")
+    gate_record.evidence(**level, **figures)
+    problems = judge_busy(arm, result, threshold if graph else None)
+    assert not problems, "; ".join(problems)

@@ -1,4 +1,5 @@
-"""`specgate gates list` and `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`.
+"""`specgate gates list`, `specgate gates run [NAME ...] [--json FILE] [--junit FILE]` and
+`specgate gates verdict [REPORT.json ...]`.
 
 Which defects prove each gate is handed in (`proven_against`, gate -> defect names) by the layer
 that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
@@ -25,9 +26,18 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     run.add_argument("--model", default=None, help="target model folder (default: the fixture target)")
     run.add_argument("--drafter", default=None, help="block drafter folder (default: the fixture drafter)")
     run.add_argument("--device", default=None, help="device for the engine runs (default: cpu)")
+    run.add_argument("--busy-threshold", type=float, default=None, metavar="LEVEL",
+                     help="busy gate: the busy fraction the async graph arm must reach (default per model: "
+                     "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
     run.set_defaults(func=cmd_run)
     gates.set_defaults(proven_against=dict(proven_against or {}))
+    verdict = sub.add_parser("verdict", help="LIFT or KEEP the async-runner veto, with reasons, from gate "
+                             "reports; exit 1 only when a report has a red or errored gate")
+    verdict.add_argument("reports", nargs="*", metavar="REPORT", default=["reports/gates.json"],
+                         help="JSON reports of `gates run --json` (default: reports/gates.json)")
+    verdict.add_argument("-v", "--verbose", action="store_true", help="also list every gate run read")
+    verdict.set_defaults(func=cmd_verdict)
 
 
 def cmd_list(args) -> int:
@@ -47,12 +57,29 @@ def cmd_run(args) -> int:
     if args.cpu_only:
         gates = [g for g in gates if g.needs == "cpu"]
     result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
-                       drafter=args.drafter, device=args.device, proven_against=args.proven_against)
+                       drafter=args.drafter, device=args.device, proven_against=args.proven_against,
+                       pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "
           f"{counts['error']} error in {result['seconds']:.0f} s")
     return result["exit_status"]
+
+
+def cmd_verdict(args) -> int:
+    from gates import verdict
+    try:
+        reports = verdict.load(args.reports)
+    except ValueError as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return 2
+    v = verdict.decide(reports)
+    for line in v.runs if args.verbose else ():
+        print(f"  ran: {line}")
+    for reason in v.reasons:
+        print(f"  keep: {reason}")
+    print(v.line)
+    return 1 if any(g["status"] in ("red", "error") for r in reports for g in r.get("gates", [])) else 0
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,13 @@
 """Gate lossless (G1): speculative decoding changes nothing but speed.
 
 Greedy: spec output equals plain greedy output token for token, for both drafters, both runners,
-k up to 6, several requests with mixed arrivals, with and without preemption.
+the eager and the graph arm (on the CPU the padded graph plan run eagerly, on CUDA real graph
+replay), k up to 6, several requests with mixed arrivals, with and without preemption.
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
 and whole sampled engine runs emit it too (randomized PIT, see gates/distribution.py), while the
 same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
-A seeded sampled run is also the same on both runners, token for token.
+A seeded sampled run is also the same on both runners and in the graph arm, token for token, so
+the distribution test covers the graph arm's output too.
 """
 import pytest
 from hypothesis import given
@@ -18,7 +20,8 @@ from gates.distribution import P_VALUE_THRESHOLD
 from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, run, workloads
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
-          "preemption", "sampled drafts accepted and rejected", "negative control failed")
+          "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
+          "sampled graph arm")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
@@ -45,13 +48,16 @@ def check_greedy(make_llm, gate_record, plain_greedy, workload, **engine):
         gate_record.occurred("k>1", engine["num_spec_tokens"] > 1)
         gate_record.occurred("drafts accepted", sum(o.stats.num_accepted_tokens for o in r.outputs) > 0)
         gate_record.occurred("preemption", r.num_preemptions > 0)
+        gate_record.occurred("graph arm", any(route.endswith("/graph") for route in r.routes))
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @given(workload=workloads(), k=st.integers(1, 6))
-@gate_settings(4)
-def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, drafter, workload, k):
-    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4)
+@gate_settings(2)
+def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, drafter, graph, workload, k):
+    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4,
+                 graph=graph)
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -91,15 +97,21 @@ def sampled_workload(sampling: dict) -> tuple[list[str], list[SamplingParams]]:
 def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafter, sampling):
     prompts, params = sampled_workload(SAMPLING[sampling])
     outs = {}
-    for async_runner in (False, True):
+    # The graph arm once per drafter (t1): seeded tokens equal, so the PIT test covers it too.
+    arms = ((False, False), (True, False), (True, True)) if sampling == "t1" else ((False, False), (True, False))
+    for async_runner, graph in arms:
         llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
-                       async_runner=async_runner)
-        outs[async_runner] = llm.generate(prompts, params)
+                       async_runner=async_runner, graph=graph, trace=graph)
+        outs[async_runner, graph] = llm.generate(prompts, params)
         gate_record.case(level="engine", drafter=drafter, sampling=sampling, async_runner=async_runner,
-                         requests=len(prompts), tokens=SAMPLED_TOKENS)
+                         graph=graph, requests=len(prompts), tokens=SAMPLED_TOKENS)
         gate_record.occurred("async runner" if async_runner else "sync runner")
-    for i, (s, a) in enumerate(zip(outs[False], outs[True])):
-        assert a.token_ids == s.token_ids, f"request {i}: seeded sampled tokens differ between the runners"
+        gate_record.occurred("sampled graph arm", graph and any(s.route.endswith("/graph") for s in llm.trace))
+    for (async_runner, graph), run_outs in outs.items():
+        for i, (s, a) in enumerate(zip(outs[False, False], run_outs)):
+            assert a.token_ids == s.token_ids, (f"request {i}: seeded sampled tokens differ between the sync "
+                                                f"runner and async_runner={async_runner} graph={graph}")
+    outs[False] = outs[False, False]
     drafted = sum(o.stats.num_draft_tokens for o in outs[False])
     accepted = sum(o.stats.num_accepted_tokens for o in outs[False])
     gate_record.occurred("sampled drafts accepted and rejected", 0 < accepted < drafted)

@@ -101,3 +101,134 @@ def busy_fraction(intervals: list[tuple[float, float]], window: tuple[float, flo
             covered += e - max(s, cursor)
             cursor = e
     return covered / (end - start) if end > start else 0.0
+
+
+# ---- the robust A/B for the busy gate ------------------------------------------------------------
+# The range floor above lets one collapsed leg (a host hiccup that slows both runners) set the
+# floor for the whole A/B: on the H200 a single leg in five turned a 35% busy-time gain into
+# "under the floor". The busy gate therefore pairs the runners leg by leg (the legs are
+# interleaved, so a leg's hiccup hits both) and bootstraps the median of the per-leg differences.
+BOOTSTRAP = "percentile bootstrap of the median of per-leg differences (async - sync)"
+RESAMPLES, CONFIDENCE, OUTLIER_MADS, MIN_LEGS = 2000, 0.95, 3.0, 5
+# The smallest busy-fraction difference that counts: one point of decode time. Paired legs resolve
+# far smaller differences, and a consistent 0.2-point gap in the launch-bound eager arm is no
+# regression worth holding the veto for (the graph arm's level has its own threshold).
+BUSY_MIN_EFFECT = 0.01
+MAD_TO_SIGMA = 1.4826  # scales the median absolute deviation to a normal's standard deviation
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def bootstrap_median_interval(values: list[float], resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
+                              seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median: `resamples` resamples with replacement from a
+    generator seeded with `seed`, so the same legs always give the same interval."""
+    import random
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(median(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def outliers(values: list[float], mads: float = OUTLIER_MADS) -> list[dict]:
+    """Values further than `mads` scaled MADs from the median: named, never dropped."""
+    mid = median(values)
+    scale = MAD_TO_SIGMA * median([abs(v - mid) for v in values])
+    if scale == 0:
+        return [{"leg": i, "value": round(v, 4), "median": round(mid, 4), "mads": "inf"}
+                for i, v in enumerate(values) if v != mid]
+    return [{"leg": i, "value": round(v, 4), "median": round(mid, 4), "mads": round(abs(v - mid) / scale, 1)}
+            for i, v in enumerate(values) if abs(v - mid) > mads * scale]
+
+
+@dataclass
+class PairedMedianAB:
+    """Runner B against runner A over paired, interleaved legs (a[i] and b[i] ran back to back).
+
+    B is ahead when the whole bootstrap interval of the median per-leg difference lies on B's
+    better side of +-min_effect, behind when it lies beyond it on the worse side, and otherwise
+    the difference is under the floor: reported as such, never as a ratio. Legs
+    beyond OUTLIER_MADS scaled MADs from their median are named in `outliers`; every leg stays in.
+    """
+    metric: str
+    a: list[float]
+    b: list[float]
+    higher_is_better: bool = True
+    resamples: int = RESAMPLES
+    confidence: float = CONFIDENCE
+    seed: int = 0
+    min_effect: float = 0.0
+    a_name: str = "sync"
+    b_name: str = "async"
+
+    def __post_init__(self):
+        if len(self.a) != len(self.b):
+            raise ValueError(f"paired legs: {len(self.a)} {self.a_name} legs against {len(self.b)} {self.b_name} legs")
+        if len(self.a) < MIN_LEGS:
+            raise ValueError(f"{len(self.a)} legs: the median's bootstrap interval needs at least {MIN_LEGS}")
+        self.differences = [b - a for a, b in zip(self.a, self.b)]
+        self.median_difference = median(self.differences)
+        self.interval = bootstrap_median_interval(self.differences, self.resamples, self.confidence, self.seed)
+
+    @property
+    def result(self) -> str:
+        lo, hi = self.interval
+        sign, m = (1 if self.higher_is_better else -1), self.min_effect
+        if (lo > m and sign > 0) or (hi < -m and sign < 0):
+            return "ahead"
+        if (hi < -m and sign > 0) or (lo > m and sign < 0):
+            return "behind"
+        return UNDER_THE_FLOOR
+
+    @property
+    def b_is_worse(self) -> bool:
+        return self.result == "behind"
+
+    @property
+    def b_is_better(self) -> bool:
+        return self.result == "ahead"
+
+    def as_dict(self) -> dict:
+        a, b = self.a_name, self.b_name
+        named = [{"runner": name, **o} for name, legs in ((a, self.a), (b, self.b)) for o in outliers(legs)]
+        named += [{"runner": f"{b}-{a}", **o} for o in outliers(self.differences)]
+        return {"metric": self.metric, "statistic": BOOTSTRAP, "resamples": self.resamples,
+                "confidence": self.confidence, "seed": self.seed, "legs": len(self.a),
+                f"{a}_legs": [round(v, 4) for v in self.a], f"{b}_legs": [round(v, 4) for v in self.b],
+                f"{a}_median": round(median(self.a), 4), f"{b}_median": round(median(self.b), 4),
+                "median_difference": round(self.median_difference, 4),
+                "interval": [round(v, 4) for v in self.interval], "min_effect": self.min_effect,
+                "outlier_rule": f"beyond {OUTLIER_MADS:g} scaled MADs ({MAD_TO_SIGMA} x MAD) of the median; "
+                                f"named, kept in every statistic",
+                "outliers": named, "result": self.result}
+
+
+def judge_busy(arm: str, ab: PairedMedianAB, threshold: float | None) -> list[str]:
+    """Why the busy gate is red for one arm ([] when it is green).
+
+    Graph arm: the async runner's median busy fraction must reach `threshold` (the level), and
+    the async runner must be busier than the sync runner beyond the floor (a host that blocks on
+    each step's results is as idle as the sync runner). Eager arm (launch-bound on small models):
+    the async runner must only not be less busy beyond the floor."""
+    figures = ab.as_dict()
+    named = "; outliers named: " + ", ".join(f"{o['runner']} leg {o['leg']} = {o['value']}"
+                                             for o in figures["outliers"]) if figures["outliers"] else ""
+    summary = (f"{arm} arm: async median {figures['async_median']}, sync median {figures['sync_median']}, "
+               f"median difference {figures['median_difference']}, {ab.confidence:.0%} interval "
+               f"{figures['interval']} over {figures['legs']} legs{named}")
+    problems = []
+    if ab.b_is_worse:
+        problems.append(f"the async runner keeps the GPU less busy than the sync runner: {summary}")
+    if arm == "graph":
+        if threshold is not None and median(ab.b) < threshold:
+            problems.append(f"the async runner's busy level {median(ab.b):.3f} is under the threshold "
+                            f"{threshold}: {summary}")
+        if not ab.b_is_worse and not ab.b_is_better:
+            problems.append(f"the async runner shows no busy-time gain over the sync runner beyond the "
+                            f"floor ({UNDER_THE_FLOOR}): {summary}")
+    return problems

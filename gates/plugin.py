@@ -31,6 +31,8 @@ def pytest_addoption(parser):
                     "else the fixture drafter)")
     group.addoption("--device", default=None, help="device the gates run the engine on (default: "
                     "$SPECGATE_DEVICE, else cpu)")
+    group.addoption("--busy-threshold", default=None, help="busy gate: the busy fraction the async runner's "
+                    "graph arm must reach (default: $SPECGATE_BUSY_THRESHOLD, else per model, see gates/busy.py)")
     group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
     group.addoption("--gates-spec", default=None, help="JSON list of gate definitions to use instead "
                     "of the registry (tests of the harness)")

@@ -49,8 +49,8 @@ class Gate:
 
 GATES = (
     Gate("lossless", "lossless", "G1: greedy spec output equals plain greedy token for token (both drafters, "
-         "both runners); sampled output passes a chi-square test against the target, and a lossy "
-         "verify fails it", "cpu", mutation_suite=True),
+         "both runners, eager and graph arm); sampled output passes a chi-square test against the target, "
+         "and a lossy verify fails it", "cpu", mutation_suite=True),
     Gate("combine", "combine", "G2: per step and request, the async runner's device inputs (ids, positions, "
          "sequence length, logits window) equal the sync runner's", "cpu", mutation_suite=True),
     Gate("emit-count", "emit_count", "per step and request, async emit counts equal sync's, every run's "
@@ -62,12 +62,14 @@ GATES = (
          "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu", mutation_suite=True),
     Gate("acceptance", "acceptance", "the bench's per-leg acceptance equals the trace's in vLLM and SGLang "
          "units, and the warm-leg predicate folds both axes over the same legs", "cpu"),
-    Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async at concurrency 1 and 8, "
-         "arms interleaved; a delta under the arms' spread is reported as under the floor", "cpu"),
-    Gate("busy", "busy", "G4: fraction of decode wall time the GPU is busy, eager and graph arm, async "
-         "and sync", "cuda"),
-    Gate("no-sync", "no_sync", "the async decode step makes no host synchronisation "
-         "(torch.cuda.set_sync_debug_mode('error') around the step), eager and graph arm", "cuda"),
+    Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async, eager and graph arm, at "
+         "concurrency 1 and 8, runners interleaved; a delta under the runners' spread is reported as under "
+         "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu"),
+    Gate("busy", "busy", "G4: the busy level of the decode window, eager and graph arm, async and sync; the "
+         "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda"),
+    Gate("no-sync", "no_sync", "the whole async decode loop (schedule to commit) makes no host read beyond "
+         "the engine's declared waits: a host-read hook everywhere, and on CUDA "
+         "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu"),
 )
 
 

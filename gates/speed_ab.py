@@ -1,22 +1,27 @@
 """Gate speed-ab (G3): TPOT and output throughput of the sync runner (VT_ASYNC_RUNNER=0) against
-the async runner on the same build, at concurrency 1 and 8, arms interleaved (ABBA per leg),
-a warm-up leg then several measured legs each (32 tokens a request on the CPU, 128 on a GPU).
-Each arm's spread sets a noise floor; a delta under it is reported as under the floor and
-never as a ratio.
+the async runner on the same build, in the eager and the graph arm, at concurrency 1 and 8,
+runners interleaved (ABBA per leg), a warm-up leg then several measured legs each (32 tokens a
+request on the CPU, 128 on a GPU). Each runner's spread sets a noise floor; a delta under it is
+reported as under the floor and never as a ratio.
 
 On the CPU this is a smoke check of the procedure with a small workload: the figures go to the
 JSON report and speed decides nothing (host and "device" share one thread, so the async runner
-has nothing to overlap). With --device cuda the gate is red when async is slower than sync by
-more than the floor on either metric at either concurrency.
+has nothing to overlap; the graph arm is the padded graph plan run eagerly). With --device cuda
+the gate is red when async is slower than sync by more than the floor on either metric, in
+either arm, at either concurrency. The veto's verdict (gates/verdict.py) reads the graph arm on
+CUDA: there a step is one graph replay, the only place the async runner can hide the host (the
+eager step is host-bound, about 1,300 launches a step, and its deltas sit under the floor).
 """
 import pytest
 
 from engine import SamplingParams
 from gates.measure import UNDER_THE_FLOOR, ABResult, timed_leg
-from gates.workloads import DRAFTERS, PROMPTS
+from gates.workloads import DRAFTERS, PROMPTS, observe_plans
 
-CLAIMS = ("ngram", "block", "concurrency 1", "concurrency 8", "arms interleaved", "sync arm", "async arm")
+CLAIMS = ("ngram", "block", "concurrency 1", "concurrency 8", "arms interleaved", "sync arm", "async arm",
+          "eager arm", "graph arm")
 CONCURRENCIES, MEASURED_LEGS, WARMUP_LEGS = (1, 8), 3, 1
+GRAPH_ARMS = ("eager", "graph")
 MAX_TOKENS = {"cpu": 32, "cuda": 128}  # a smoke check on the CPU; closer to steady state on a GPU
 ARMS = {"sync": "0", "async": "1"}
 
@@ -25,27 +30,36 @@ def workload(concurrency: int) -> list[str]:
     return [PROMPTS[i % len(PROMPTS)] for i in range(2 if concurrency == 1 else 8)]
 
 
+@pytest.mark.parametrize("graph_arm", GRAPH_ARMS)
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, drafter):
+def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, drafter, graph_arm):
+    graph = graph_arm == "graph"
     max_tokens = MAX_TOKENS["cuda" if gate_device.startswith("cuda") else "cpu"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    legs, order = [], 0
+    legs, order, plans = [], 0, []
     for c in CONCURRENCIES:
         engines = {}
         for arm, env in ARMS.items():  # the veto's own switch, as an operator would set it
             monkeypatch.setenv("VT_ASYNC_RUNNER", env)
-            engines[arm] = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=c)
+            engines[arm] = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=c, graph=graph)
             assert engines[arm].is_async == (arm == "async"), f"VT_ASYNC_RUNNER={env} did not pick the {arm} runner"
+            observe_plans(engines[arm], plans)
         for i in range(WARMUP_LEGS + MEASURED_LEGS):
             for arm in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
                 leg = timed_leg(engines[arm], workload(c), params, arm, c, i, warm=i >= WARMUP_LEGS)
                 leg.order, order = order, order + 1
                 legs.append(leg)
-                gate_record.case(drafter=drafter, arm=arm, concurrency=c, leg=i, warm=leg.warm)
+                gate_record.case(drafter=drafter, graph_arm=graph_arm, arm=arm, concurrency=c, leg=i, warm=leg.warm)
                 gate_record.occurred(f"{arm} arm")
         gate_record.occurred(f"concurrency {c}")
     gate_record.occurred(drafter)
     gate_record.occurred("arms interleaved", interleaved(legs))
+    on_cuda = gate_device.startswith("cuda")
+    replayed = all(bool(e.runner.graphs) for e in engines.values()) if on_cuda else True
+    ran_graph_plans = any(a == "graph" for _, a, _, _ in plans)
+    gate_record.occurred(f"{graph_arm} arm", ran_graph_plans and replayed if graph else not ran_graph_plans)
+    if graph and on_cuda:
+        assert replayed, "graph arm: no CUDA graph was replayed"
 
     results = []
     for c in CONCURRENCIES:
@@ -56,7 +70,7 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
         results.append(ABResult("output_tokens_per_s", c, True, [leg.throughput for leg in warm["sync"]],
                                 [leg.throughput for leg in warm["async"]]))
     figures = [r.as_dict() for r in results]
-    gate_record.measure(drafter=drafter, device=gate_device, max_tokens=max_tokens, ab=figures,
+    gate_record.measure(drafter=drafter, device=gate_device, graph_arm=graph_arm, max_tokens=max_tokens, ab=figures,
                         legs=[dict(arm=leg.arm, concurrency=leg.concurrency, index=leg.index, warm=leg.warm,
                                    order=leg.order, seconds=round(leg.seconds, 4), tokens=leg.output_tokens,
                                    tpot_ms=round(leg.tpot_ms, 4)) for leg in legs])
@@ -65,7 +79,7 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
     if gate_device.startswith("cuda"):
         worse = [f for r, f in zip(results, figures) if r.b_is_worse]
         gate_record.evidence(slower=worse)
-        assert not worse, f"async is slower than sync beyond the noise floor: {worse}"
+        assert not worse, f"{graph_arm} arm: async is slower than sync beyond the noise floor: {worse}"
 
 
 def interleaved(legs) -> bool:

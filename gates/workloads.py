@@ -138,3 +138,13 @@ def run_pair(make_llm, workload: Workload, **engine) -> tuple[Run, Run]:
     """The same workload on the sync runner and on the async runner (veto lifted)."""
     return (run(make_llm, workload, async_runner=False, **engine),
             run(make_llm, workload, async_runner=True, **engine))
+
+
+def observe_plans(llm, plans: list) -> None:
+    """Record each executed plan as (step, arm, number of requests, has a prefill); changes nothing."""
+    execute = llm.runner.execute
+
+    def observed(plan):
+        plans.append((plan.step, plan.arm, len(plan.requests), any(plan.is_prefill)))
+        return execute(plan)
+    llm.runner.execute = observed

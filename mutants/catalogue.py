@@ -120,16 +120,23 @@ DEFECTS = (
     # ---- only a GPU shows these ------------------------------------------------------------------
     Defect("host-sync-in-device-step",
            "A host synchronisation slipped into the async step: the logits count is read back from the "
-           "device (.item()) instead of taken from the host plan, so the host waits on every step.",
-           ("no-sync",), needs="cuda"),
+           "device (.item()) instead of taken from the host plan, so the host waits on every step (no-sync's "
+           "host-read hook shows it on the CPU too; on CUDA sync debug mode raises).",
+           ("no-sync",)),
     Defect("graph-warmup-on-real-batch",
            "Graph capture warm-up on real inputs: the first step of each bucket runs twice (warm-up, then "
            "replay), and device-fed rows advance their state twice.",
            ("combine", "emit-count"), needs="cuda"),
     Defect("blocking-result-download",
            "Results downloaded with a blocking copy: the host waits for every step before launching the "
-           "next, so the async runner overlaps nothing.",
-           ("busy",), needs="cuda"),
+           "next, so the async runner overlaps nothing (outside the runner, in LLM._start_download).",
+           ("busy", "no-sync"), needs="cuda"),
+    # ---- the host loop ---------------------------------------------------------------------------
+    Defect("host-read-in-step-loop",
+           "A blocking read in the host loop, outside the runner: right after launching a step the host "
+           "reads its accepted count (int(tensor), for a progress line), so on a GPU it waits for every "
+           "step before planning the next; no-sync's host-read hook shows it on the CPU too.",
+           ("no-sync",), token_invisible=True),
 )
 
 

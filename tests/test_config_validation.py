@@ -243,5 +243,6 @@ def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
     with caplog.at_level(logging.WARNING, logger="specgate"):
         assert use_async_runner(spec, None) is False
     assert [r.getMessage() for r in caplog.records] == [
-        f"async runner vetoed for speculative decoding (spec={spec}): using the sync runner; set "
-        "VT_ASYNC_RUNNER=1 or async_runner=True to lift the veto once `make gates` is green"]
+        f"async runner vetoed for speculative decoding (spec={spec}): using the sync runner; pass "
+        "--async-runner (specgate generate/bench), set VT_ASYNC_RUNNER=1 or async_runner=True to lift the "
+        "veto once `specgate gates verdict` says LIFT"]

@@ -121,7 +121,7 @@ def test_passes_anywhere(gate_record):
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory):
     """One `specgate gates run` over fake gates, the real (cheap) reason-a gate, and the real
-    CUDA-only no-sync gate."""
+    CUDA-only busy gate."""
     from gates.run import run_gates
     tmp = tmp_path_factory.mktemp("gates")
     fakes = []
@@ -130,7 +130,7 @@ def harness_run(tmp_path_factory):
         path.write_text(source)
         fakes.append(registry.Gate(f"fake-{name}", path.stem, f"fake gate {name}",
                                    "cuda" if name == "cuda-pass" else "cpu", path))
-    real = registry.by_name(["reason-a", "no-sync"])
+    real = registry.by_name(["reason-a", "busy"])
     json_path, junit_path = tmp / "gates.json", tmp / "gates.xml"
     result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True)
     return result, json.loads(json_path.read_text()), ET.parse(junit_path)
@@ -144,7 +144,7 @@ def test_json_report_gives_status_cases_and_evidence(harness_run):
     assert {n: g["status"] for n, g in gates.items()} == {
         "fake-green": "green", "fake-empty": "red", "fake-red": "red", "fake-error": "error",
         "fake-cuda-pass": "green" if torch.cuda.is_available() else "skipped",
-        "reason-a": "green", "no-sync": "green" if torch.cuda.is_available() else "skipped"}
+        "reason-a": "green", "busy": "green" if torch.cuda.is_available() else "skipped"}
     assert gates["fake-green"]["num_cases"] == 2 and gates["fake-green"]["claims"] == {"ran": True}
     assert gates["fake-empty"]["reason"] == "ran zero cases"
     evidence = gates["fake-red"]["evidence"][0]
@@ -154,7 +154,7 @@ def test_json_report_gives_status_cases_and_evidence(harness_run):
     assert "engine exploded" in gates["fake-error"]["reason"]
     assert gates["reason-a"]["num_cases"] > 0 and all(gates["reason-a"]["claims"].values())
     if not torch.cuda.is_available():
-        assert "needs CUDA" in gates["no-sync"]["reason"]
+        assert "needs CUDA" in gates["busy"]["reason"]
     assert written["exit_status"] == 1 and written["summary"]["red"] == 2
     for g in written["gates"]:
         assert set(g) >= {"name", "purpose", "needs", "proven_against", "status", "reason", "num_cases",
@@ -173,7 +173,7 @@ def test_junit_report_is_well_formed_with_one_suite_per_gate(harness_run):
     assert verdict["fake-empty"].find("failure").get("message") == "ran zero cases"
     assert verdict["fake-error"].find("error") is not None
     if not torch.cuda.is_available():
-        assert verdict["no-sync"].find("skipped") is not None
+        assert verdict["busy"].find("skipped") is not None
         assert verdict["fake-cuda-pass"].find("skipped") is not None
     assert int(root.get("tests")) == sum(int(s.get("tests")) for s in suites.values())
 

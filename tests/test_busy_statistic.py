@@ -1,0 +1,113 @@
+"""The busy gate's statistic and decision (gates/measure.py), on synthetic legs: the statistic
+must tolerate one collapsed leg (and name it), and must still go red on a real regression."""
+import pytest
+
+from gates.measure import (BUSY_MIN_EFFECT, UNDER_THE_FLOOR, ABResult, PairedMedianAB, bootstrap_median_interval,
+                           judge_busy, median, outliers)
+
+# Measured on the H200 at 3bee987 (graph arm, fixtures): leg 4 collapsed in both runners.
+H200_SYNC = [.435, .430, .434, .422, .345]
+H200_ASYNC = [.601, .593, .603, .596, .391]
+FIXTURE_THRESHOLD = 0.5
+
+
+def test_one_collapsed_leg_is_named_and_does_not_hide_the_gain():
+    ab = PairedMedianAB("busy", H200_SYNC, H200_ASYNC, min_effect=BUSY_MIN_EFFECT)
+    assert ab.result == "ahead"
+    assert ab.interval[0] > BUSY_MIN_EFFECT
+    named = {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]}
+    assert named == {("sync", 4), ("async", 4), ("async-sync", 4)}
+    assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
+    # The range floor this replaces called the same legs noise: the red the H200 saw.
+    assert ABResult("busy", 8, True, H200_SYNC, H200_ASYNC).under_floor
+
+
+def test_a_collapsed_leg_among_seven_changes_neither_median_nor_verdict():
+    sync, asyn = H200_SYNC[:4] + [.431, .428, .345], H200_ASYNC[:4] + [.598, .600, .391]
+    ab = PairedMedianAB("busy", sync, asyn)
+    assert ab.result == "ahead" and ab.interval[0] > 0.1
+    assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
+    assert [o["leg"] for o in outliers(asyn)] == [6]
+
+
+def test_async_less_busy_than_sync_is_red_in_both_arms():
+    ab = PairedMedianAB("busy", H200_ASYNC[:4] + [.598, .600, .604], H200_SYNC[:4] + [.431, .428, .433])
+    assert ab.result == "behind"
+    for arm in ("eager", "graph"):
+        problems = judge_busy(arm, ab, FIXTURE_THRESHOLD)
+        assert any("less busy" in p for p in problems), problems
+
+
+def test_negative_control_a_blocking_async_runner_is_as_idle_as_sync_and_red_in_the_graph_arm():
+    """The seeded defect's signature: async and sync draw from the same distribution."""
+    sync = [.435, .430, .434, .422, .431, .428, .433]
+    blocking_async = [.431, .436, .429, .433, .427, .434, .430]
+    ab = PairedMedianAB("busy", sync, blocking_async)
+    assert ab.result == UNDER_THE_FLOOR
+    problems = judge_busy("graph", ab, FIXTURE_THRESHOLD)
+    assert any(UNDER_THE_FLOOR in p for p in problems) and any("under the threshold" in p for p in problems)
+    assert judge_busy("eager", ab, FIXTURE_THRESHOLD) == []  # the eager arm asks only "not worse"
+
+
+def test_ahead_but_under_the_level_is_red():
+    ab = PairedMedianAB("busy", [.30, .31, .30, .29, .30, .31, .30], [.40, .41, .40, .39, .40, .41, .40])
+    assert ab.result == "ahead"
+    assert any("under the threshold 0.95" in p for p in judge_busy("graph", ab, 0.95))
+    assert judge_busy("graph", ab, 0.35) == []
+
+
+def test_lower_is_better_flips_the_sides():
+    tpot = PairedMedianAB("tpot_ms", [10.0, 10.1, 10.2, 10.0, 10.1], [9.0, 9.1, 9.0, 9.2, 9.1],
+                          higher_is_better=False)
+    assert tpot.result == "ahead" and tpot.b_is_better and not tpot.b_is_worse
+
+
+def test_the_bootstrap_is_seeded_and_named():
+    diffs = [.166, .163, .169, .174, .046, .170, .160]
+    assert bootstrap_median_interval(diffs, seed=0) == bootstrap_median_interval(diffs, seed=0)
+    lo, hi = bootstrap_median_interval(diffs, resamples=2000, confidence=0.95, seed=3)
+    assert lo <= median(diffs) <= hi
+    d = PairedMedianAB("busy", H200_SYNC, H200_ASYNC).as_dict()
+    assert d["resamples"] == 2000 and d["confidence"] == 0.95 and "bootstrap" in d["statistic"]
+    assert "ratio" not in d
+
+
+def test_too_few_or_unpaired_legs_are_refused():
+    with pytest.raises(ValueError, match="at least"):
+        PairedMedianAB("busy", [.4, .4, .4], [.5, .5, .5])
+    with pytest.raises(ValueError, match="paired"):
+        PairedMedianAB("busy", [.4] * 5, [.5] * 6)
+
+
+def test_the_busy_threshold_defaults_per_model_and_refuses_an_unknown_small_one(tmp_path):
+    from fixtures import TARGET_DIR
+    from gates.busy import default_threshold
+    assert default_threshold(TARGET_DIR, 3_000_000, TARGET_DIR)[0] == FIXTURE_THRESHOLD
+    assert default_threshold(tmp_path, 1_240_000_000, TARGET_DIR)[0] == 0.95
+    with pytest.raises(pytest.UsageError, match="--busy-threshold"):
+        default_threshold(tmp_path, 50_000_000, TARGET_DIR)
+
+
+def test_the_host_read_hook_flags_undeclared_reads_and_counts_declared_ones():
+    import torch
+
+    from engine.host_sync import DeclaredSyncs
+    from gates.no_sync import HostReads
+    declared, t = DeclaredSyncs(), torch.tensor([1, 2])
+    reads = HostReads(declared)
+    with reads:
+        t.tolist()
+        with declared.allow("deferred result read"):
+            t.tolist()
+        int(t[0])
+        t.cpu()
+    assert [r.split("(")[0].strip() for r in reads.undeclared] == [".tolist", ".__int__", ".cpu"]
+    assert reads.allowed == 1 and declared.counts == {"deferred result read": 1} and declared.active is None
+
+
+def test_a_consistent_gap_under_one_point_is_under_the_floor_and_a_larger_one_is_behind():
+    sync = [.435, .430, .434, .422, .431, .428, .433]
+    slightly = PairedMedianAB("busy", sync, [v - .003 for v in sync], min_effect=BUSY_MIN_EFFECT)
+    assert slightly.result == UNDER_THE_FLOOR and judge_busy("eager", slightly, None) == []
+    clearly = PairedMedianAB("busy", sync, [v - .05 for v in sync], min_effect=BUSY_MIN_EFFECT)
+    assert clearly.result == "behind" and judge_busy("eager", clearly, None)

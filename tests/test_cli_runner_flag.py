@@ -1,0 +1,42 @@
+"""`specgate generate/bench --async-runner/--sync-runner` choose the runner; without either the
+veto decides (async_runner=None reaches the engine)."""
+import pytest
+
+import engine
+from specgate_cli import main
+
+
+@pytest.mark.parametrize("flags, expected", [([], None), (["--async-runner"], True), (["--sync-runner"], False)])
+def test_generate_passes_the_runner_choice_to_the_engine(monkeypatch, capsys, flags, expected):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(model, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+    monkeypatch.setattr(engine, "LLM", fake_llm)
+    with pytest.raises(Stop):
+        main(["generate", "--prompt", "def f(", "--spec", "ngram", *flags])
+    assert seen["async_runner"] is expected
+
+
+def test_the_two_runner_flags_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--async-runner", "--sync-runner"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, is_async", [("--async-runner", True), ("--sync-runner", False)])
+def test_generate_runs_on_the_chosen_runner(monkeypatch, capsys, flag, is_async):
+    monkeypatch.delenv("VT_ASYNC_RUNNER", raising=False)
+    made = []
+    real = engine.LLM
+
+    def spy(model, **kwargs):
+        made.append(real(model, **kwargs))
+        return made[-1]
+    monkeypatch.setattr(engine, "LLM", spy)
+    assert main(["generate", "--prompt", "def f(", "--spec", "ngram", "--max-tokens", "4", flag]) == 0
+    assert made[0].is_async is is_async

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check in one call on the lent H200 (a command may run 10 minutes there): the
-# environment, the CUDA gates ROUNDS times in a row, the veto verdict over those runs, the proof
+# The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
+# gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
+# the veto verdict over those runs, the proof
 # with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
 # $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
 # (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
@@ -11,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu}
 ROUNDS=${ROUNDS:-3}
+REPEAT_GATES=${REPEAT_GATES:-lossless busy no-sync speed-ab}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,7 +51,9 @@ PY
         ;;
     gates)
         for i in $(seq "$ROUNDS"); do
-            timed "gates-cuda-$i" $PY -m specgate_cli gates run --device cuda \
+            names=$([ "$i" = 1 ] || echo "$REPEAT_GATES")
+            # shellcheck disable=SC2086  # the gate names are words
+            timed "gates-cuda-$i" $PY -m specgate_cli gates run $names --device cuda \
                 --json "$OUT/gates-cuda-$i.json" --junit "$OUT/gates-cuda-$i.xml"
         done
         ;;

@@ -135,6 +135,22 @@ def test_speed_ab_reports_a_delta_under_the_floor_never_as_a_ratio():
     assert not faster_tpot.b_is_worse and not faster_tpot.under_floor
 
 
+def test_speed_ab_allows_the_eager_arm_its_host_cost_but_never_the_graph_arm():
+    from gates.speed_ab import EAGER_ARM_ALLOWANCE, is_regression
+    # The H200 run that turned the clean tree red: a 2.2% throughput loss beyond a 1.4% floor.
+    small = ABResult("output_tokens_per_s", 1, True, [342.9, 338.3, 341.1], [334.6, 330.9, 333.9])
+    assert small.b_is_worse and 0 < -small.delta < EAGER_ARM_ALLOWANCE
+    assert not is_regression(small, graph=False)
+    assert is_regression(small, graph=True)
+    # Beyond the allowance the eager arm is red too, for either direction of metric.
+    slow_tpot = ABResult("tpot_ms", 8, False, [2.0, 2.01, 2.02], [2.5, 2.51, 2.52])
+    slow_rate = ABResult("output_tokens_per_s", 8, True, [1000.0, 1001.0, 1002.0], [800.0, 801.0, 802.0])
+    assert is_regression(slow_tpot, graph=False) and is_regression(slow_rate, graph=False)
+    # Async ahead is never a regression, in either arm.
+    ahead = ABResult("tpot_ms", 1, False, [0.52, 0.53, 0.51], [0.34, 0.35, 0.34])
+    assert not is_regression(ahead, graph=True) and not is_regression(ahead, graph=False)
+
+
 def test_busy_fraction_is_the_union_of_device_intervals_in_the_window():
     assert busy_fraction([(0, 2), (1, 3), (5, 6), (9, 12)], (0, 10)) == pytest.approx(0.5)
     assert busy_fraction([], (0, 10)) == 0.0

@@ -71,19 +71,22 @@ def stale_check(defects: list[Defect], base: Path) -> dict[str, str]:
 
 
 def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo: Path = REPO,
-          cuda: bool | None = None, command=gate_command, gate_needs: dict[str, str] | None = None) -> Proof:
+          cuda: bool | None = None, command=gate_command, gate_needs: dict[str, str] | None = None,
+          timed: set[str] | None = None) -> Proof:
     """Run the proof of `defects` on a snapshot of `repo`. The rest are seams for tests: `cuda`
-    (default: whether this machine has it), `command` (the gate run of one tree) and `gate_needs`
-    (gate -> 'cpu'/'cuda', registry order; default the registry's)."""
+    (default: whether this machine has it), `command` (the gate run of one tree), `gate_needs`
+    (gate -> 'cpu'/'cuda', registry order; default the registry's) and `timed` (the gates that run
+    alone; default the registry's measures_time gates)."""
     if gate_needs is None:
         gate_needs = {g.name: g.needs for g in GATES}
+    if timed is None:
+        timed = {g.name for g in GATES if g.measures_time}
     cuda = has_cuda() if cuda is None else cuda
     jobs, device = options.jobs, options.device
     all_gates = list(gate_needs)
     t0 = time.perf_counter()
     prover = Prover(jobs, options.timeout_s, command)
     runs: dict[str, TreeRun] = {}
-    clean = None
     with tempfile.TemporaryDirectory(prefix="specgate-prove-") as tmp:
         work = Path(tmp)
         base = copy_tree(repo, work / "snapshot")
@@ -97,28 +100,50 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
             else:
                 tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
         tasks.sort(key=lambda t: t[0] != CLEAN)  # the longest first: the clean tree runs every gate
-        bar = _progress(len(tasks), options.progress)
-        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        # Timed gates (speed, busy) would measure the other trees' load: they run in a second
+        # phase, one tree at a time, and their results join the tree's first-phase run.
+        parallel = [(label, d, [g for g in names if g not in timed], dev) for label, d, names, dev in tasks]
+        alone = [(label, d, [g for g in names if g in timed], dev) for label, d, names, dev in tasks]
+        phases = [([t for t in parallel if t[2]], jobs), ([t for t in alone if t[2]], 1)]
+        bar = _progress(sum(len(p) for p, _ in phases), options.progress)
         try:
-            futures = {pool.submit(prover.run_tree, base, work, *task): task[0] for task in tasks}
-            for future in as_completed(futures):
-                run = future.result()
-                if run.tree == CLEAN:
-                    clean = run
-                else:
-                    runs[run.tree] = run
-                if bar is not None:
-                    bar.set_postfix_str(f"{run.tree}: {_summary(run)}")
-                    bar.update(1)
-        except BaseException:
-            prover.stop()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            for phase, workers in phases:
+                for run in _run_phase(prover, base, work, phase, workers, bar):
+                    runs[run.tree] = join_runs(runs.get(run.tree), run)
         finally:
-            pool.shutdown(wait=True)
             if bar is not None:
                 bar.close()
+    clean = runs.pop(CLEAN, None)
     return matrix.judge(defects, runs, clean, gate_needs, cuda, options.complete, time.perf_counter() - t0)
+
+
+def _run_phase(prover: Prover, base: Path, work: Path, tasks: list, workers: int, bar):
+    """Run `tasks` (label, defect, gate names, device) on `workers` threads; yield each TreeRun."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        futures = [pool.submit(prover.run_tree, base, work, *task) for task in tasks]
+        for future in as_completed(futures):
+            run = future.result()
+            if bar is not None:
+                bar.set_postfix_str(f"{run.tree}: {_summary(run)}")
+                bar.update(1)
+            yield run
+    except BaseException:
+        prover.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def join_runs(first: TreeRun | None, second: TreeRun) -> TreeRun:
+    """One tree's two phases as one run: the gates of both; the worse status; both details."""
+    if first is None:
+        return second
+    status = first.status if first.status != RAN else second.status
+    detail = "\n".join(d for d in (first.detail, second.detail) if d)
+    return TreeRun(first.tree, status, {**first.gates, **second.gates}, round(first.seconds + second.seconds, 1),
+                   detail)
 
 
 def _progress(total: int, enabled: bool):

@@ -61,7 +61,9 @@ PY
         timed verdict $PY -m specgate_cli gates verdict -v "$OUT"/gates-cuda-*.json
         ;;
     prove)
-        timed prove $PY -m specgate_cli prove --device cuda --jobs "${PROVE_JOBS:-4}" \
+        # The CPU gates run on the CPU (16 cores there), the CUDA-only defects and the CUDA gates on
+        # the GPU; the timed gates run alone after the rest (mutants/prove.py).
+        timed prove $PY -m specgate_cli prove --jobs "${PROVE_JOBS:-8}" \
             --json "$OUT/prove-cuda.json" --markdown "$OUT/prove-cuda.md"
         ;;
     bench)

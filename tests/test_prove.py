@@ -308,7 +308,8 @@ TIMED_GATES = textwrap.dedent("""\
     start = time.time()
     time.sleep(0.3)
     source = pathlib.Path("engine/x.py").read_text()
-    status = {"combine": "red" if "a + 2" in source else "green", "lossless": "green", "speed": "green"}
+    status = {"combine": "red" if "a + 2" in source else "green", "lossless": "green", "speed": "green",
+              "busy": "green"}
     pathlib.Path(out).write_text(json.dumps({"gates": [{"name": n, "status": status[n], "reason": ""} for n in names]}))
     with open(log, "a") as f:
         f.write(json.dumps({"names": names, "start": start, "end": time.time()}) + "\\n")
@@ -323,13 +324,15 @@ def test_timed_gates_run_alone_after_every_other_gate_and_join_their_tree(fake_r
         return [sys.executable, "timed_gates.py", ",".join(names), str(json_path), str(log)]
     defects = [Defect("off-by-one", "x", ("combine", "speed"), token_invisible=True)]
     p = prove(defects, ProveOptions(jobs=2, progress=False), repo=fake_repo, cuda=False, command=command,
-              gate_needs={"lossless": "cpu", "combine": "cpu", "speed": "cpu"}, timed={"speed"})
+              gate_needs={"lossless": "cpu", "combine": "cpu", "speed": "cpu", "busy": "cpu"},
+              timed={"speed", "busy"})
     runs = [json.loads(line) for line in log.read_text().splitlines()]
-    timed = sorted((r for r in runs if "speed" in r["names"]), key=lambda r: r["start"])
-    others = [r for r in runs if "speed" not in r["names"]]
-    assert len(timed) == 2 and len(others) == 2 and all(r["names"] == ["speed"] for r in timed)
+    timed = sorted((r for r in runs if {"speed", "busy"} & set(r["names"])), key=lambda r: r["start"])
+    others = [r for r in runs if r not in timed]
+    # The clean tree's speed and busy, and the defect's speed: one process each, after the rest.
+    assert sorted(r["names"] for r in timed) == [["busy"], ["speed"], ["speed"]] and len(others) == 2
     assert min(r["start"] for r in timed) >= max(r["end"] for r in others), "a timed gate ran beside other work"
-    assert timed[0]["end"] <= timed[1]["start"], "two timed gates ran at once"
+    assert all(a["end"] <= b["start"] for a, b in zip(timed, timed[1:])), "two timed gates ran at once"
     assert {g: r["status"] for g, r in p.runs["off-by-one"].gates.items()} == \
         {"lossless": GREEN, "combine": RED, "speed": GREEN}
-    assert set(p.clean.gates) == {"lossless", "combine", "speed"} and p.clean.status == "ran"
+    assert set(p.clean.gates) == {"lossless", "combine", "speed", "busy"} and p.clean.status == "ran"

@@ -11,6 +11,7 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
+from engine.block_drafter import mismatch_with_target
 
 DRAFTERS = ("ngram", "block")
 
@@ -28,6 +29,14 @@ PROMPTS = (
 )
 LONG_PROMPTS = tuple(p for p in PROMPTS if len(p) > 60)
 MAX_TOKENS = 40
+
+
+def drafter_skips(target_dir, drafter_dir) -> dict[str, str]:
+    """The drafters of DRAFTERS that the gates skip on this target, with the reason: the ngram
+    drafter runs on every target, the block drafter only on the one it was trained for (on another
+    its drafts are noise: exact, but no acceptance to check)."""
+    reason = mismatch_with_target(drafter_dir, target_dir) if target_dir else None
+    return {"block": f"block drafter skipped: {reason}"} if reason else {}
 
 
 def gate_settings(ci_examples: int) -> settings:

@@ -70,6 +70,8 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     from engine import bench
     from engine.runtime import model_checksums
+    if args.measure_load:
+        return _measure_load(args)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     from fixtures.corpus import load_corpus
     workload = bench.heldout_workload(load_corpus(), args.num_prompts, max_tokens=args.max_tokens,
@@ -90,6 +92,20 @@ def cmd_bench(args) -> int:
             json.dump(result, f, indent=2)
     if args.plot:
         bench.plot(legs, args.plot, f"spec={args.spec} k={meta['k']} on {args.device}")
+    return 0
+
+
+def _measure_load(args) -> int:
+    """`specgate bench --measure-load`: load time and peak host memory of the weights alone."""
+    from engine.config import DTYPES
+    from engine.loader import measure_load
+    m = measure_load(args.model, args.device, DTYPES[args.dtype] if args.dtype else None).as_dict()
+    device = f", device peak {m['device_peak_mib']} MiB" if m["device_peak_mib"] is not None else ""
+    print(f"load {m['seconds']} s, weights {m['weights_mib']} MiB, peak host memory {m['peak_rss_mib']} MiB "
+          f"(before the load {m['peak_rss_mib_before']} MiB){device}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load": m, "model": args.model, "device": args.device}, f, indent=2)
     return 0
 
 
@@ -114,6 +130,8 @@ def main(argv=None) -> int:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--json", default=None)
     b.add_argument("--plot", default=None, help="write a PNG of τ and tokens/s per leg")
+    b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
+                   "load time and peak host memory (run it in a fresh process)")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
     from gates.cli import add_gates_parser

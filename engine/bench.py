@@ -4,26 +4,12 @@ A leg is one pass of the whole workload at one concurrency (max_num_seqs). Every
 both axes, throughput and acceptance, and ONE warm-leg predicate decides which legs count for
 both, so the two axes always fold over the same population of legs.
 """
-import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.metrics import Acceptance
-from engine.sampling import SamplingParams
-
-
-@dataclass
-class Workload:
-    prompts: list[str]
-    max_tokens: int
-    temperature: float
-
-    def fingerprint(self) -> str:
-        h = hashlib.sha256(json.dumps({"prompts": self.prompts, "max_tokens": self.max_tokens,
-                                       "temperature": self.temperature}, sort_keys=True).encode())
-        return h.hexdigest()[:16]
+from engine.workload import Workload
 
 
 @dataclass
@@ -54,7 +40,7 @@ def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_
             prompts.append(snippet)
         if len(prompts) == num_prompts:
             break
-    return Workload(prompts, max_tokens, temperature)
+    return Workload.uniform(prompts, max_tokens, temperature)
 
 
 def is_warm(leg_index: int, warmup_legs: int) -> bool:
@@ -84,11 +70,10 @@ def fold(legs: list[Leg]) -> dict:
 
 
 def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: int) -> Leg:
-    params = SamplingParams(temperature=workload.temperature, max_tokens=workload.max_tokens,
-                            seed=index, ignore_eos=True)
+    params = workload.params(seed=index, ignore_eos=True)
     start = time.time()
     t0 = time.perf_counter()
-    outs = llm.generate(workload.prompts, params)
+    outs = llm.generate(workload.prompt_list(), params, arrival_steps=workload.arrivals())
     seconds = time.perf_counter() - t0
     acc = Acceptance()
     for o in outs:
@@ -114,8 +99,8 @@ def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
 
 
 def report(legs: list[Leg], workload: Workload, meta: dict) -> dict:
-    return {"workload": {"fingerprint": workload.fingerprint(), "num_prompts": len(workload.prompts),
-                         "max_tokens": workload.max_tokens, "temperature": workload.temperature},
+    return {"workload": {"fingerprint": workload.fingerprint(), "num_prompts": workload.num_reqs,
+                         "max_tokens": workload.max_tokens_json(), "temperature": workload.temperature},
             **meta, "legs": [asdict(leg) for leg in legs], "summary": fold(legs)}
 
 

@@ -167,6 +167,27 @@ def load_drafter(drafter_dir: str | os.PathLike, target_config: ModelConfig) -> 
     return model.eval()
 
 
+def mismatch_with_target(drafter_dir: str | os.PathLike | None, target_dir: str | os.PathLike) -> str | None:
+    """Why the block drafter in `drafter_dir` was not made for the target in `target_dir`, or None
+    when it was: its shapes must fit the target and, when it names one, its training target's
+    weights must be these. The engine still runs a drafter trained for another target of the same
+    shape (exact output, low acceptance); this tells a caller that needs real acceptance."""
+    from engine.config import ModelConfig
+    from engine.runtime import weights_sha256
+    if drafter_dir is None:
+        return "no block drafter folder was given"
+    try:
+        cfg = DrafterConfig.from_dir(Path(drafter_dir))
+        cfg.check_target(ModelConfig.from_dir(target_dir), str(Path(drafter_dir) / "config.json"))
+        target_sha = weights_sha256(target_dir) if cfg.target_sha256 else None
+    except (SpecgateError, OSError) as e:
+        return f"the block drafter {drafter_dir} does not fit the target {target_dir}: {e}"
+    if cfg.target_sha256 and target_sha != cfg.target_sha256:
+        return (f"the block drafter {drafter_dir} was trained for another target (target_sha256 "
+                f"{cfg.target_sha256[:12]}..., this target's weights {target_sha[:12]}...)")
+    return None
+
+
 class BlockProposer:
     """Drafts k tokens per request from one drafter forward; see the module docstring."""
 

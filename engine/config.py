@@ -18,6 +18,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CHECKPOINT_DTYPES = (*DTYPES, "float16")
 # transformers' LlamaConfig default; a config.json without rms_norm_eps means this.
 LLAMA_RMS_NORM_EPS = 1e-6
+# transformers' LlamaConfig default for a config.json without the key (an explicit null: none).
+LLAMA_EOS_TOKEN_ID = 2
 SPEC_METHODS = (None, "ngram", "block")
 
 
@@ -135,7 +137,7 @@ class ModelConfig:
                  "head_dim", "bos_token_id", "hidden_act")
         kwargs = {k: raw[k] for k in taken if raw.get(k) is not None}
         kwargs.setdefault("num_key_value_heads", raw["num_attention_heads"])
-        eos = raw.get("eos_token_id")
+        eos = raw.get("eos_token_id", LLAMA_EOS_TOKEN_ID)
         if isinstance(eos, list):
             if not eos:
                 raise ModelLoadError(f"{where}: eos_token_id is an empty list")

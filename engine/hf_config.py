@@ -51,7 +51,8 @@ LLAMA_CONFIG_KEYS: dict[str, Key] = {
     "partial_rotary_factor": _refused("only a full rotary head is implemented", None, 1, 1.0),
     "tie_word_embeddings": _honoured("head shares the embedding; a distinct stored head is refused"),
     "bos_token_id": _honoured("the byte tokenizer's BOS check; tokenizers from the folder use their own"),
-    "eos_token_id": _honoured("every listed id ends a request unless ignore_eos"),
+    "eos_token_id": _honoured("every listed id ends a request unless ignore_eos; absent: 2, as "
+                              "transformers' LlamaConfig (null: none)"),
     "dtype": _honoured("the engine's dtype when the user gives none (transformers 5 spelling)"),
     "torch_dtype": _honoured("the engine's dtype when the user gives none (transformers 4 spelling)"),
     "model_type": _honoured("must be 'llama'"),

@@ -44,6 +44,9 @@ class LLM:
         model_dir = Path(model)
         self.model_config = ModelConfig.from_dir(model_dir)
         engine_kwargs.setdefault("dtype", self.model_config.default_engine_dtype)
+        # Unasked, max_model_len fits the model (a small folder may hold fewer positions than 512).
+        engine_kwargs.setdefault("max_model_len", min(EngineConfig.max_model_len,
+                                                      self.model_config.max_position_embeddings))
         self.config = EngineConfig(model=str(model_dir), **engine_kwargs)
         self.model_dir = model_dir
         self.generation = GenerationDefaults.from_dir(model_dir, self.model_config)

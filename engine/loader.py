@@ -2,6 +2,10 @@
 shards listed by model.safetensors.index.json."""
 import json
 import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -121,6 +125,42 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
                 f"would use the stored one): set tie_word_embeddings to false to use it")
     model.rotary.to(device=device, dtype=dtype)
     return model.eval()
+
+
+@dataclass(frozen=True)
+class LoadMeasurement:
+    """What one load_model cost. The peaks are the process's resident high-water marks (getrusage),
+    so only a fresh process (`specgate bench --measure-load`) shows the load's own peak."""
+    seconds: float
+    weights_mib: float                  # bytes of the loaded parameters
+    peak_rss_mib_before: float          # the process's high-water mark before the load
+    peak_rss_mib: float                 # ... after it
+    device_peak_mib: float | None       # CUDA: torch.cuda.max_memory_allocated during the load
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def _peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
+                 dtype: torch.dtype | None = None) -> LoadMeasurement:
+    """Load time and peak host memory of load_model (issue 17's load numbers for README)."""
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    before = _peak_rss_mib()
+    t0 = time.perf_counter()
+    model = load_model(model_dir, device, dtype)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    device_peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+    return LoadMeasurement(seconds, weights, before, _peak_rss_mib(), device_peak)
 
 
 def save_model(model: torch.nn.Module, config: dict, model_dir: str | os.PathLike) -> None:

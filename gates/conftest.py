@@ -4,7 +4,18 @@ gates were asked to use (--model / $SPECGATE_MODEL, --drafter / $SPECGATE_DRAFTE
 models, on the CPU)."""
 import pytest
 
-from gates.plugin import model_dir, option
+from gates.plugin import SESSION_PLUGIN, model_dir, option
+
+
+@pytest.fixture(autouse=True)
+def skip_inapplicable_drafter(request):
+    """A test parametrized by a drafter the gates skip on this target (see
+    gates.workloads.drafter_skips) is skipped before it runs, with the reason in the report."""
+    drafter = request.node.callspec.params.get("drafter") if hasattr(request.node, "callspec") else None
+    session = request.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    reason = session.skipped_drafters().get(drafter) if session and drafter else None
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

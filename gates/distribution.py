@@ -14,6 +14,13 @@ the false-failure probability a fresh seed would carry (about 0.1% per test).
   by p, so an excess of likely tokens (an over-accepting verify) piles up near u = 0. p comes
   from a dense float64-softmaxed forward of the final sequence, processed like the sampler's.
 
+- Accept decisions of a deterministic drafter (`acceptance_pit_values`): a lossless verify accepts
+  a one-hot draft x exactly with probability p(x), so each reached draft's decision maps to
+  u = V * p(x) if accepted, else p(x) + V * (1 - p(x)), again exactly uniform and independent.
+  Token PIT alone has little power where drafts are unrelated to p (a random-weight target): an
+  over-accepting verify then emits unlikely-but-drafted tokens whose ranks look ordinary; their
+  accept decisions pile up near u = 0.
+
 A negative control (the acceptance ratio computed with the wrong q) must fail each test.
 """
 import numpy as np
@@ -73,26 +80,59 @@ def position_p_values(p, sampled, num_accepted) -> list[tuple[int, float]]:
 
 
 # ---- whole engine runs -------------------------------------------------------------------------
+def sequence_probs(model, out, sp) -> np.ndarray:
+    """p of every next token along the request's final sequence, processed like the sampler's:
+    row t is the distribution of token t + 1 given tokens 0..t (float64, dense forward)."""
+    sequence = list(out.prompt_token_ids) + list(out.token_ids)
+    device = next(model.parameters()).device
+    logits, _ = model.forward_dense(torch.tensor([sequence], device=device))
+    rows = logits[0, :len(sequence) - 1].double().cpu()
+    n = rows.shape[0]
+    return processed_probs(rows, torch.full((n,), float(sp.temperature), dtype=torch.float64),
+                           torch.full((n,), sp.top_k), torch.full((n,), float(sp.top_p), dtype=torch.float64)).numpy()
+
+
 @torch.inference_mode()
 def pit_values(model, outputs, params, seed: int = 0) -> np.ndarray:
     """Randomized PIT value of every emitted token (see the module docstring)."""
     rng = np.random.default_rng(seed)
     values = []
     for out, sp in zip(outputs, params):
-        sequence = list(out.prompt_token_ids) + list(out.token_ids)
-        device = next(model.parameters()).device
-        logits, _ = model.forward_dense(torch.tensor([sequence], device=device))
-        start = len(out.prompt_token_ids)
-        rows = logits[0, start - 1:len(sequence) - 1].double().cpu()
-        n = rows.shape[0]
-        p = processed_probs(rows, torch.full((n,), float(sp.temperature), dtype=torch.float64),
-                            torch.full((n,), sp.top_k), torch.full((n,), float(sp.top_p), dtype=torch.float64)).numpy()
+        p = sequence_probs(model, out, sp)[len(out.prompt_token_ids) - 1:]
+        n = p.shape[0]
         order = np.argsort(-p, axis=1, kind="stable")
         sorted_p = np.take_along_axis(p, order, 1)
         before = np.cumsum(sorted_p, 1) - sorted_p
         rank = np.argsort(order, axis=1)[np.arange(n), np.array(out.token_ids)]
         values.append(before[np.arange(n), rank] + rng.random(n) * sorted_p[np.arange(n), rank])
     return np.concatenate(values) if values else np.zeros(0)
+
+
+@torch.inference_mode()
+def acceptance_pit_values(model, outputs, params, trace, seed: int = 1) -> np.ndarray:
+    """Randomized PIT value of every accept decision on a one-hot drafter's drafts (see the module
+    docstring); `trace`: the run's LLM.trace. Draft j of a verify step is reached when drafts
+    0..j-1 were accepted; drafts past the request's last token (its length is fixed by max_tokens)
+    are left out, which depends on no decision."""
+    rng = np.random.default_rng(seed)
+    steps: dict[int, list] = {}
+    for step in trace:
+        for r in step.requests:
+            if not r.is_prefill and r.num_draft:
+                steps.setdefault(r.request_id, []).append(r)
+    values = []
+    for out, sp in zip(outputs, params):
+        if not steps.get(out.request_id):
+            continue
+        p = sequence_probs(model, out, sp)
+        for r in steps[out.request_id]:
+            s = r.positions[0]  # the last committed token; draft j is token s + 1 + j
+            for j in range(min(r.num_accepted + 1, r.num_draft)):
+                if s + j >= p.shape[0]:
+                    break
+                px, v = p[s + j, r.draft_token_ids[j]], rng.random()
+                values.append(v * px if j < r.num_accepted else px + v * (1 - px))
+    return np.array(values)
 
 
 def uniformity_p_value(u: np.ndarray, bins: int = PIT_BINS) -> float:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gates.compare import runs_difference
 from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
 from gates.workloads import (DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE,
-                             gate_settings, run_pair, workloads)
+                             gate_settings, params, run_pair, workloads)
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts rejected",
           "async emitted more than one token in a step", "preemption", "graph arm",
@@ -21,7 +21,7 @@ CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts reje
 
 def check_pair(gate_record, sync, async_):
     for r in (sync, async_):
-        greedy = {o.request_id for o, p in zip(r.outputs, r.workload.params())
+        greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload))
                   if p.is_greedy and not p.logits_processors}
         gate_record.check(trace_consistency(r.outputs, r.trace), f"{r.label()}: trace vs outputs and metrics")
         gate_record.check(acceptance_difference(r.outputs, r.trace, greedy), f"{r.label()}: greedy acceptance")

@@ -4,7 +4,8 @@ Greedy: spec output equals plain greedy output token for token, for both drafter
 the eager and the graph arm (on the CPU the padded graph plan run eagerly, on CUDA real graph
 replay), k up to 6, several requests with mixed arrivals, with and without preemption.
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
-and whole sampled engine runs emit it too (randomized PIT, see gates/distribution.py), while the
+and whole sampled engine runs emit it too (randomized PIT of the tokens, and for the one-hot ngram
+drafter of its accept decisions, see gates/distribution.py), while the
 same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
 A seeded sampled run is also the same on both runners and in the graph arm, token for token, so
 the distribution test covers the graph arm's output too.
@@ -85,6 +86,17 @@ def test_verify_emits_the_target_distribution_at_every_position(gate_record, dra
         assert worst > P_VALUE_THRESHOLD, f"verify's output is not distributed as the target: {results}"
 
 
+def engine_p_values(llm, outs, params, drafter: str) -> dict[str, tuple[int, float]]:
+    """Test -> (values tested, p-value) of a traced sampled run: the tokens' PIT, and for the ngram
+    drafter (one-hot q, so a draft is accepted with probability p(x)) the accept decisions' PIT."""
+    u = distribution.pit_values(llm.model, outs, params)
+    out = {"tokens": (len(u), distribution.uniformity_p_value(u))}
+    if drafter == "ngram":
+        u = distribution.acceptance_pit_values(llm.model, outs, params, llm.trace)
+        out["accept decisions"] = (len(u), distribution.uniformity_p_value(u))
+    return out
+
+
 def sampled_workload(sampling: dict) -> tuple[list[str], list[SamplingParams]]:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(SAMPLED_REQUESTS)]
     params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **sampling)
@@ -101,8 +113,9 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     arms = ((False, False), (True, False), (True, True)) if sampling == "t1" else ((False, False), (True, False))
     for async_runner, graph in arms:
         llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
-                       async_runner=async_runner, graph=graph, trace=graph)
+                       async_runner=async_runner, graph=graph, trace=graph or not async_runner)
         outs[async_runner, graph] = llm.generate(prompts, params)
+        sync_llm = llm if not async_runner else sync_llm
         gate_record.case(level="engine", drafter=drafter, sampling=sampling, async_runner=async_runner,
                          graph=graph, requests=len(prompts), tokens=SAMPLED_TOKENS)
         gate_record.occurred("async runner" if async_runner else "sync runner")
@@ -115,12 +128,12 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     drafted = sum(o.stats.num_draft_tokens for o in outs[False])
     accepted = sum(o.stats.num_accepted_tokens for o in outs[False])
     gate_record.occurred("sampled drafts accepted and rejected", 0 < accepted < drafted)
-    u = distribution.pit_values(llm.model, outs[False], params)
-    p_value = distribution.uniformity_p_value(u)
-    gate_record.measure(drafter=drafter, sampling=sampling, tokens=len(u), p_value=p_value,
-                        draft_tokens=drafted, accepted=accepted)
-    gate_record.evidence(tokens=len(u), p_value=p_value, threshold=P_VALUE_THRESHOLD)
-    assert p_value > P_VALUE_THRESHOLD, f"sampled tokens are not distributed as the target (PIT p={p_value:.2e})"
+    tests = engine_p_values(sync_llm, outs[False], params, drafter)
+    gate_record.measure(drafter=drafter, sampling=sampling, draft_tokens=drafted, accepted=accepted,
+                        tests={name: {"values": n, "p_value": pv} for name, (n, pv) in tests.items()})
+    gate_record.evidence(tests=tests, threshold=P_VALUE_THRESHOLD)
+    for name, (n, p_value) in tests.items():
+        assert p_value > P_VALUE_THRESHOLD, f"sampled {name} are not distributed as the target (PIT p={p_value:.2e})"
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -130,10 +143,12 @@ def test_negative_control_lossy_engine_fails_the_distribution_test(make_llm, gat
     monkeypatch.setattr(engine.runner, "verify", distribution.wrong_q_verify)
     prompts, params = sampled_workload(SAMPLING["t1"])
     llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
-                   async_runner=False)
+                   async_runner=False, trace=True)
     gate_record.case(level="engine", drafter=drafter, sampling="t1", lossy=True)
     outs = llm.generate(prompts, params)
-    p_value = distribution.uniformity_p_value(distribution.pit_values(llm.model, outs, params))
-    gate_record.measure(drafter=drafter, negative_control=True, p_value=p_value)
-    assert p_value < P_VALUE_THRESHOLD, f"the lossy verify passed the distribution test (p={p_value:.2e})"
+    tests = engine_p_values(llm, outs, params, drafter)
+    gate_record.measure(drafter=drafter, negative_control=True,
+                        tests={name: {"values": n, "p_value": pv} for name, (n, pv) in tests.items()})
+    assert min(pv for _, pv in tests.values()) < P_VALUE_THRESHOLD, \
+        f"the lossy verify passed every distribution test: {tests}"
     gate_record.occurred("negative control failed")

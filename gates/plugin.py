@@ -16,6 +16,7 @@ import pytest
 
 from gates import report as verdicts
 from gates.registry import GATES, Gate, gate_of_file, has_cuda
+from gates.workloads import drafter_skips
 
 SESSION_PLUGIN = "specgate-gate-session"
 # The model folders the gates use when neither an option nor the environment names one. The layer
@@ -101,6 +102,13 @@ class GateSession:
         self.results: list[dict] = []
         self._gate_by_path: dict[Path, Gate | None] = {}
         self._loose = _new_test("")  # a gate_record call from a test that belongs to no gate
+        self._skipped_drafters: dict[str, str] | None = None
+
+    def skipped_drafters(self) -> dict[str, str]:
+        """Drafters that cannot run on this session's target, with the reason (decided once)."""
+        if self._skipped_drafters is None:
+            self._skipped_drafters = drafter_skips(model_dir(self.config, "target"), model_dir(self.config, "drafter"))
+        return self._skipped_drafters
 
     def gate_of(self, path) -> Gate | None:
         path = Path(path)
@@ -176,8 +184,10 @@ class GateSession:
     def gate_result(self, gate: Gate) -> dict:
         tests = list(self.tests[gate.name].values())
         claims, seen = self.declared_claims.get(gate.name, ()), self.claims[gate.name]
+        # A claim named after a drafter the gates skip on this target is not demanded; why is reported.
+        waived = {c: why for c, why in self.skipped_drafters().items() if c in claims} if tests else {}
         status, reason = verdicts.verdict(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
-                                          has_cuda())
+                                          has_cuda(), waived)
         evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,
                      "differences": t["evidence"]}
                     for t in tests if t["outcome"] in (verdicts.FAILED, verdicts.ERROR)]
@@ -190,6 +200,7 @@ class GateSession:
                 "evidence": evidence,
                 "measurements": [m for t in tests for m in t["measurements"]],
                 "claims": {c: c in seen for c in claims},
+                "waived_claims": waived,
                 "tests": [{"nodeid": t["nodeid"], "outcome": t["outcome"], "message": t["message"],
                            "seconds": round(t["seconds"], 3), "cases": len(t["cases"])} for t in tests],
                 "seconds": round(sum(t["seconds"] for t in tests), 3)}

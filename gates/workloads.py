@@ -1,5 +1,7 @@
 """The gates' workloads: prompts, Hypothesis strategies for batch compositions (`None` means
-"let Hypothesis choose"), the deterministic mixes some gates need, and one traced run.
+"let Hypothesis choose"), the deterministic mixes some gates need, and one traced run. A workload
+is the engine's `engine.workload.Workload`; its host-history requests get `no_immediate_repeat`.
+The prompts are text, so a model folder's own tokenizer encodes them (`--model DIR`).
 
 Hypothesis examples per test come from the loaded profile: the bounded `ci` count a gate asks
 for, or the `deep` profile's count under HYPOTHESIS_PROFILE=deep (`specgate gates run --deep`).
@@ -10,7 +12,8 @@ from dataclasses import dataclass, field
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from engine import SamplingParams
+from engine.block_drafter import mismatch_with_target
+from engine.workload import Workload
 
 DRAFTERS = ("ngram", "block")
 
@@ -28,6 +31,14 @@ PROMPTS = (
 )
 LONG_PROMPTS = tuple(p for p in PROMPTS if len(p) > 60)
 MAX_TOKENS = 40
+
+
+def drafter_skips(target_dir, drafter_dir) -> dict[str, str]:
+    """The drafters of DRAFTERS that the gates skip on this target, with the reason: the ngram
+    drafter runs on every target, the block drafter only on the one it was trained for (on another
+    its drafts are noise: exact, but no acceptance to check)."""
+    reason = mismatch_with_target(drafter_dir, target_dir) if target_dir else None
+    return {"block": f"block drafter skipped: {reason}"} if reason else {}
 
 
 def gate_settings(ci_examples: int) -> settings:
@@ -53,25 +64,9 @@ def no_immediate_repeat(output_ids, logits_row):
     return logits_row
 
 
-@dataclass(frozen=True)
-class Workload:
-    prompts: tuple[str, ...]
-    max_tokens: tuple[int, ...]
-    arrival_steps: tuple[int, ...]
-    host_history: tuple[bool, ...] = ()     # requests with a logits processor
-    temperature: float = 0.0
-    seeds: tuple[int, ...] = ()
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.prompts)
-
-    def params(self) -> list[SamplingParams]:
-        processors = self.host_history or (False,) * self.num_reqs
-        seeds = self.seeds or (None,) * self.num_reqs
-        return [SamplingParams(temperature=self.temperature, max_tokens=m, seed=s,
-                               logits_processors=[no_immediate_repeat] if p else [])
-                for m, p, s in zip(self.max_tokens, processors, seeds)]
+def params(workload: Workload) -> list:
+    """The workload's SamplingParams, its host-history requests with `no_immediate_repeat`."""
+    return workload.params(no_immediate_repeat)
 
 
 @st.composite
@@ -130,7 +125,7 @@ class Run:
 
 def run(make_llm, workload: Workload, **engine) -> Run:
     llm = make_llm(trace=True, **engine)
-    outputs = llm.generate(list(workload.prompts), workload.params(), arrival_steps=list(workload.arrival_steps))
+    outputs = llm.generate(workload.prompt_list(), params(workload), arrival_steps=workload.arrivals())
     return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace})
 
 

@@ -6,7 +6,8 @@ field of the Leg is exact; one small leg on the fixture model checks the real en
 import pytest
 
 from engine import bench
-from engine.bench import Leg, Workload, fold, is_warm, run_leg
+from engine.bench import Leg, fold, is_warm, run_leg
+from engine.workload import Workload
 from engine.metrics import Acceptance
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
@@ -63,14 +64,14 @@ def leg_run(monkeypatch):
 def test_a_leg_runs_the_whole_workload_once_seeded_by_its_index(leg_run, temperature):
     """Every prompt, exactly max_tokens each (EOS ignored, so legs compare), at the workload's
     temperature; the leg index seeds the requests, so a sampled leg is reproducible."""
-    workload = Workload(["a", "b"], max_tokens=6, temperature=temperature)
+    workload = Workload.uniform(["a", "b"], max_tokens=6, temperature=temperature)
     run_leg(leg_run, workload, concurrency=4, index=3, warmup_legs=1)
-    assert leg_run.calls == [((["a", "b"], SamplingParams(temperature=temperature, max_tokens=6, seed=3,
-                                                           ignore_eos=True)), {})]
+    one = SamplingParams(temperature=temperature, max_tokens=6, seed=3, ignore_eos=True)
+    assert leg_run.calls == [((["a", "b"], [one, one]), {"arrival_steps": [0, 0]})]
 
 
 def test_a_leg_records_tokens_time_rate_and_acceptance(leg_run):
-    leg = run_leg(leg_run, Workload(["a", "b"], 6, 0.0), concurrency=4, index=2, warmup_legs=1)
+    leg = run_leg(leg_run, Workload.uniform(["a", "b"], 6, 0.0), concurrency=4, index=2, warmup_legs=1)
     assert leg == Leg(concurrency=4, index=2, prompt_tokens=11, completion_tokens=12, start=1000.0,
                       end=pytest.approx(1000.712345), seconds=0.7123, tokens_per_s=16.85,
                       acceptance=ACCEPTANCE, warm=True)
@@ -80,7 +81,7 @@ def test_a_leg_records_tokens_time_rate_and_acceptance(leg_run):
     (0, 1, False), (1, 1, True), (2, 1, True), (0, 0, True), (1, 2, False), (2, 2, True)])
 def test_the_first_warmup_legs_are_cold(leg_run, index, warmup_legs, warm):
     assert is_warm(index, warmup_legs) is warm
-    assert run_leg(leg_run, Workload(["a"], 6, 0.0), 1, index, warmup_legs).warm is warm
+    assert run_leg(leg_run, Workload.uniform(["a"], 6, 0.0), 1, index, warmup_legs).warm is warm
 
 
 def leg(concurrency: int, index: int, rate: float, warm: bool, accepted: int, per_position: list[int]) -> Leg:
@@ -117,9 +118,9 @@ def test_fold_rounds_the_mean_to_two_decimals():
 def test_a_real_leg_on_the_fixture_model(make_llm):
     """One small sampled ngram leg: the counts the Leg reports are the engine's own outputs."""
     llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=2, max_model_len=64)
-    workload = Workload(["x = 1\nx = 1\n", "def f("], max_tokens=5, temperature=0.8)
+    workload = Workload.uniform(["x = 1\nx = 1\n", "def f("], max_tokens=5, temperature=0.8)
     got = run_leg(llm, workload, concurrency=2, index=1, warmup_legs=1)
-    outs = llm.generate(workload.prompts, SamplingParams(temperature=0.8, max_tokens=5, seed=1, ignore_eos=True))
+    outs = llm.generate(workload.prompt_list(), SamplingParams(temperature=0.8, max_tokens=5, seed=1, ignore_eos=True))
     acc = Acceptance()
     for o in outs:
         acc.add(o.stats, len(o.token_ids))

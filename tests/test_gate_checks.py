@@ -9,7 +9,7 @@ from gates.compare import runs_difference, token_difference
 from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
                               ngram_draft_difference, trace_consistency)
 from gates.measure import UNDER_THE_FLOOR, ABResult, busy_fraction
-from gates.workloads import MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, run_pair
+from gates.workloads import MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, params, run_pair
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def _verify_with_drafts(rec):
 
 def test_real_runs_pass_every_single_run_check(pair):
     for r in pair:
-        greedy = {o.request_id for o, p in zip(r.outputs, r.workload.params()) if not p.logits_processors}
+        greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload)) if not p.logits_processors}
         assert trace_consistency(r.outputs, r.trace) is None
         assert acceptance_difference(r.outputs, r.trace, greedy) is None
         assert ngram_draft_difference(r.outputs, r.trace) is None
@@ -113,7 +113,7 @@ def test_lossless_goes_red_on_one_changed_token(pair):
 def test_acceptance_goes_red_on_a_leg_that_disagrees_with_its_trace(make_llm):
     from engine import bench
     from gates.acceptance import WARMUP_LEGS, acceptance_difference as leg_difference, fold_difference, traced_legs
-    workload = bench.Workload(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
+    workload = bench.Workload.uniform(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
     legs, expected, _ = traced_legs(make_llm, workload, spec="ngram", num_spec_tokens=3)
     assert all(leg_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]) is None for leg in legs)
     assert fold_difference(legs, expected) is None

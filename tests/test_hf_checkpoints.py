@@ -217,3 +217,22 @@ def test_an_unreadable_tokenizer_json_is_refused_by_name(tmp_path, llama3_dir):
     (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
     with pytest.raises(ModelLoadError, match=r"tokenizer\.json / tokenizer_config\.json cannot be read"):
         make(folder)
+
+
+@pytest.mark.parametrize("eos", ["absent", "null"])
+def test_a_config_without_eos_token_id_follows_transformers_llama_config(tmp_path, llama3_dir, eos):
+    """No eos_token_id key: transformers' LlamaConfig default, id 2, ends a request; an explicit
+    null: nothing does. Checked against the config and the greedy run transformers makes of it."""
+    folder = tmp_path / "no-eos"
+    shutil.copytree(llama3_dir, folder)
+    (folder / "generation_config.json").unlink()
+    if eos == "absent":
+        edit_json(folder / "config.json", drop=("eos_token_id",))
+    else:
+        edit_json(folder / "config.json", eos_token_id=None)
+    theirs = transformers.GenerationConfig.from_model_config(transformers.AutoConfig.from_pretrained(folder))
+    llm = make(folder)
+    assert llm.eos_token_ids == ({2} if eos == "absent" else set()) == set(
+        [theirs.eos_token_id] if theirs.eos_token_id is not None else [])
+    outs = specgate_greedy(llm, PROMPTS, ignore_eos=False)
+    assert [o.token_ids for o in outs] == hf_greedy(folder, PROMPTS)

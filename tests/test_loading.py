@@ -325,3 +325,30 @@ def test_drafter_trained_against_another_target_warns_naming_the_checksum(tmp_pa
         "output stays exact, acceptance will be low"]
     # stacklevel=2: the warning points at whoever called from_dir, not at the engine's own line.
     assert not record[0].filename.endswith("block_drafter.py")
+
+
+def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_folder(llama3_sharded_dir, tmp_path):
+    """`specgate bench --measure-load` in a fresh process, as the lead runs it for the 1B shape."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    from engine.loader import load_model, measure_load
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "load.json"
+    proc = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--model", str(llama3_sharded_dir),
+                           "--measure-load", "--json", str(out)], cwd=repo, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(repo)), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "peak host memory" in proc.stdout
+    load = json.loads(out.read_text())["load"]
+    model = load_model(llama3_sharded_dir)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    assert load["weights_mib"] == pytest.approx(weights, abs=1e-3)
+    assert load["seconds"] > 0 and load["peak_rss_mib"] >= load["peak_rss_mib_before"] > 0
+    assert load["device_peak_mib"] is None
+    m = measure_load(llama3_sharded_dir)  # in-process: the same weights, a high-water mark that only grows
+    assert m.weights_mib == pytest.approx(weights) and m.peak_rss_mib >= m.peak_rss_mib_before

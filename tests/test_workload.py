@@ -1,0 +1,48 @@
+"""One workload type (issue 12, point 6): the engine's Workload serves the bench and the gates."""
+import pytest
+
+from engine import SamplingParams, bench
+from engine.workload import Workload
+from gates import workloads as gate_workloads
+
+# Written by the bench's own Workload before the merge (engine/bench.py at c2a355a), for the same
+# prompts, max_tokens and temperature: reports stay comparable across the change.
+BENCH_BEFORE = [
+    ((["a", "b"], 6, 0.0), "489c75a81014dcca"),
+    ((["def main(", "x = 1\n" * 3, "ü"], 64, 0.8), "fa89b4a4e11a06e7"),
+]
+
+
+@pytest.mark.parametrize("args, fingerprint", BENCH_BEFORE)
+def test_the_bench_fingerprint_and_json_are_unchanged(args, fingerprint):
+    prompts, max_tokens, temperature = args
+    workload = Workload.uniform(prompts, max_tokens, temperature)
+    assert workload.fingerprint() == fingerprint
+    assert bench.report([], workload, {"spec": None})["workload"] == {
+        "fingerprint": fingerprint, "num_prompts": len(prompts), "max_tokens": max_tokens, "temperature": temperature}
+
+
+def test_the_gates_and_the_bench_use_the_one_definition():
+    assert bench.Workload is gate_workloads.Workload is Workload
+    assert gate_workloads.MIXED_REFUSALS.fingerprint() != Workload.uniform(
+        gate_workloads.MIXED_REFUSALS.prompts, 40).fingerprint()  # arrivals and host history count
+
+
+def test_params_per_request_with_the_host_history_processor_passed_in():
+    w = Workload(("a", (1, 2, 3)), max_tokens=(3, 5), arrival_steps=(0, 2), host_history=(False, True),
+                 temperature=0.5, seeds=(7, None))
+    with pytest.raises(ValueError, match="host_processor"):
+        w.params()
+    first, second = w.params(gate_workloads.no_immediate_repeat, seed=1, ignore_eos=True)
+    assert first == SamplingParams(temperature=0.5, max_tokens=3, seed=7, ignore_eos=True)
+    assert (second.max_tokens, second.seed, second.logits_processors) == (5, 1, [gate_workloads.no_immediate_repeat])
+    assert w.prompt_list() == ["a", [1, 2, 3]] and w.arrivals() == [0, 2]
+    with pytest.raises(ValueError, match="2 arrival_steps for 3 prompts"):
+        Workload(("a", "b", "c"), (1, 1, 1), arrival_steps=(0, 1))
+
+
+def test_token_id_prompts_are_fed_as_they_are(make_llm):
+    llm = make_llm()
+    w = Workload.uniform([[256, 100, 101], "de"], 3)
+    outs = llm.generate(w.prompt_list(), w.params(), arrival_steps=w.arrivals())
+    assert outs[0].prompt_token_ids == [256, 100, 101] and outs[1].prompt_token_ids == llm.tokenizer.encode("de")

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
 from mutants import matrix
 from mutants.apply import StalePatch, copy_tree, patched_files
@@ -138,14 +139,14 @@ def add_prove_parser(subparsers) -> None:
     p = subparsers.add_parser("prove", help="plant each seeded defect in a copy of the tree and show "
                               "the gates it names go red, and every gate green on the clean tree")
     p.add_argument("defects", nargs="*", metavar="DEFECT", help="defects to plant (default: all)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the matrix and verdict as JSON")
-    p.add_argument("--markdown", default=None, metavar="FILE", help="write the matrix as Markdown")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the matrix and verdict as JSON")
+    p.add_argument("--markdown", type=output_file, default=None, metavar="FILE", help="write the matrix as Markdown")
     p.add_argument("--full", action="store_true", help="run every gate on every defect, not only the "
                    "ones it names plus lossless")
-    p.add_argument("--jobs", type=int, default=2, metavar="N", help="trees proven in parallel (default 2)")
-    p.add_argument("--device", default="cpu", help="device the CPU gates run the engine on (default cpu); "
+    p.add_argument("--jobs", type=int_at_least(1), default=2, metavar="N", help="trees proven in parallel (default 2)")
+    p.add_argument("--device", type=device, default="cpu", help="device the CPU gates run the engine on (default cpu); "
                    "defects that need CUDA always run on cuda")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=float_in(0.0, lo_open=True), default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"seconds one tree's gate run may take; a timeout fails (default {DEFAULT_TIMEOUT_S})")
     p.set_defaults(func=cmd_prove)
 

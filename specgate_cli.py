@@ -110,7 +110,8 @@ def cmd_bench(args) -> int:
     legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
                            args.warmup_legs, progress=sys.stderr.isatty())
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "models": model_checksums(args.model, _drafter(args))}
+            "device": args.device, "max_model_len": _max_model_len(args),
+            "models": model_checksums(args.model, _drafter(args))}
     result = bench.report(legs, workload, meta)
     for c, s in result["summary"].items():
         acc = s["acceptance"]

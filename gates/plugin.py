@@ -148,6 +148,7 @@ class GateSession:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             r = self.gate_result(gate)
+            reporter.write("\n")  # after pytest's progress dots
             reporter.write_line(f"specgate: gate {gate.name} {r['status']} ({r['num_cases']} cases, "
                                 f"{r['seconds']:.0f} s): {r['reason']}")
 

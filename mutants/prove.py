@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
-from mutants import matrix
+from mutants import matrix, proof_html
 from mutants.apply import StalePatch, copy_tree, patched_files
 from mutants.catalogue import Defect, by_name
 from mutants.matrix import CLEAN, NEEDS_CUDA, RAN, STALE, Proof, TreeRun
@@ -99,6 +99,8 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
                 tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
         tasks.sort(key=lambda t: t[0] != CLEAN)  # the longest first: the clean tree runs every gate
         bar = _progress(len(tasks), options.progress)
+        lines = options.progress and bar is not None and bar.disable  # not a terminal: a line per tree
+        done = 0
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
             futures = {pool.submit(prover.run_tree, base, work, *task): task[0] for task in tasks}
@@ -111,6 +113,10 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
                 if bar is not None:
                     bar.set_postfix_str(f"{run.tree}: {_summary(run)}")
                     bar.update(1)
+                done += 1
+                if lines:
+                    print(f"prove: [{done}/{len(tasks)}] {run.tree}: {_summary(run)} ({run.seconds:.0f} s)",
+                          file=sys.stderr, flush=True)
         except BaseException:
             prover.stop()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -141,6 +147,9 @@ def add_prove_parser(subparsers) -> None:
     p.add_argument("defects", nargs="*", metavar="DEFECT", help="defects to plant (default: all)")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the matrix and verdict as JSON")
     p.add_argument("--markdown", type=output_file, default=None, metavar="FILE", help="write the matrix as Markdown")
+    p.add_argument("--html", type=output_file, default=None, metavar="FILE",
+                   help="write the matrix as a self-contained HTML page, each cell linked to its evidence "
+                   "(default: beside --json or --markdown, as prove.html)")
     p.add_argument("--full", action="store_true", help="run every gate on every defect, not only the "
                    "ones it names plus lossless")
     p.add_argument("--jobs", type=int_at_least(1), default=2, metavar="N", help="trees proven in parallel (default 2)")
@@ -181,10 +190,15 @@ def cmd_prove(args) -> int:
         f"{g} {t['seconds']:.0f} s in {t['runs']} runs" for g, t in matrix.gate_seconds(proof.runs, proof.clean).items()))
     print(f"\nprove: {'PASS' if v.exit_status == 0 else 'FAIL'} ({len(v.problems)} problems) in {wall:.0f} s "
           f"with {args.jobs} jobs")
-    if args.json:
-        Path(args.json).write_text(json.dumps(matrix.report(proof, meta), indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(matrix.markdown(proof, meta))
+    html = args.html or next((str(Path(f).with_suffix(".html")) for f in (args.json, args.markdown) if f), None)
+    for path, text in ((args.json, lambda: json.dumps(matrix.report(proof, meta), indent=2)),
+                       (args.markdown, lambda: matrix.markdown(proof, meta)),
+                       (html, lambda: proof_html.page(proof, meta))):
+        if path:
+            Path(path).write_text(text(), encoding="utf-8")
+            print(f"wrote {path}")
+    if not (args.json or args.markdown or html):
+        print("wrote nothing (give --json, --markdown or --html FILE)")
     return v.exit_status
 
 

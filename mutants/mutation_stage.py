@@ -22,7 +22,7 @@ STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
 UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
                   "test_architecture.py",
                   # the HTML reports in a browser and the README: no engine code, and not staged
-                  "test_report_render.py", "test_docs.py")
+                  "test_report_render.py", "test_docs.py", "test_prove_output.py")
 PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
 # exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`

@@ -107,8 +107,13 @@ def cmd_bench(args) -> int:
     from fixtures.corpus import load_corpus
     workload = bench.heldout_workload(load_corpus(), args.num_prompts, max_tokens=args.max_tokens,
                                       temperature=args.temperature)
+    terminal = sys.stderr.isatty()
+
+    def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
+        print(f"bench: c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
+              f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
-                           args.warmup_legs, progress=sys.stderr.isatty())
+                           args.warmup_legs, progress=terminal, on_leg=None if terminal else leg_line)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
             "device": args.device, "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}

@@ -100,7 +100,9 @@ def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: 
 
 
 def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
-              warmup_legs: int = 1, progress: bool = True) -> list[Leg]:
+              warmup_legs: int = 1, progress: bool = True, on_leg=None) -> list[Leg]:
+    """Every leg of every concurrency; a progress bar when `progress`, and `on_leg(leg)` after each
+    (the command prints a line per leg when it is not on a terminal)."""
     from tqdm import tqdm
     results = []
     with tqdm(total=len(concurrencies) * legs, unit="leg", disable=not progress) as bar:
@@ -110,6 +112,8 @@ def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
                 bar.set_description(f"c={c} leg {i}")
                 results.append(run_leg(llm, workload, c, i, warmup_legs))
                 bar.update(1)
+                if on_leg is not None:
+                    on_leg(results[-1])
     return results
 
 

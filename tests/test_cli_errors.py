@@ -87,3 +87,20 @@ def test_a_prompt_cut_by_the_context_says_so(capsys):
 def test_the_default_context_is_the_models(capsys):
     assert main(["generate", "--prompt", "def f(", "--max-tokens", "2"]) == 0
     assert "context 1024" in capsys.readouterr().err  # the fixture's max_position_embeddings
+
+
+def test_bench_prints_a_line_per_leg_and_the_paths_it_wrote(capsys, tmp_path):
+    """Not on a terminal (captured): a line per finished leg instead of a bar; the JSON holds the
+    figures the PNG draws; the last lines name the files written."""
+    import json
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bench", "--concurrency", "1,2", "--legs", "2", "--num-prompts", "2", "--max-tokens", "4",
+                 "--json", str(out_json), "--plot", str(out_png)]) == 0
+    out, err = capsys.readouterr()
+    legs = [line for line in err.splitlines() if line.startswith("bench: c=")]
+    assert [line.split(":")[1] for line in legs] == [" c=1 leg 0 (warm-up)", " c=1 leg 1 (warm)",
+                                                     " c=2 leg 0 (warm-up)", " c=2 leg 1 (warm)"]
+    assert out.splitlines()[-2:] == [f"wrote {out_json}", f"wrote {out_png}"]
+    report = json.loads(out_json.read_text())
+    assert report["figures"]["2"]["fold"]["warm_legs"] == [1] and report["max_model_len"] == 1024
+    assert out_png.stat().st_size > 10000

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test prove gates gate gates-deep mutate fixtures bench-cpu clean
+.PHONY: venv test prove gates gate gates-deep mutate viewer fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -24,7 +24,7 @@ test: venv
 # Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.
 prove: venv
 	@mkdir -p reports
-	$(VENV)/bin/specgate prove --json reports/prove.json --markdown reports/prove.md
+	$(VENV)/bin/specgate prove --json reports/prove.json --markdown reports/prove.md --html reports/prove.html
 
 # The last line is the veto's verdict (LIFT or KEEP, with reasons); KEEP is informational (always
 # so without CUDA); the exit status stays the gates run's: a red gate fails `make gates`.
@@ -46,6 +46,12 @@ gates-deep: venv
 # functions changed since that revision. Reports in reports/mutation/.
 mutate: venv
 	$(VENV)/bin/specgate mutate --report reports/mutation $(if $(SINCE),--since $(SINCE))
+
+# The mutation report's viewer (the pinned npm package mutation-testing-elements) into build/viewer/,
+# inlined into mutation-report.html; the mutation run and tests/test_report_render.py also do this
+# themselves when it is missing (npm, registry only).
+viewer: venv
+	$(PY) -m mutants.viewer
 
 fixtures: venv
 	$(PY) -m fixtures.train_target --out fixtures/target

@@ -13,15 +13,26 @@ import time
 
 from engine.errors import SpecgateError
 from fixtures import DRAFTER_DIR, TARGET_DIR
+from gates.argtypes import Parser, device, float_in, folder, int_at_least, int_list, output_file
 from gates.registry import GATES
+
+# Without --max-model-len: the model's max_position_embeddings, capped here so that a long-context
+# checkpoint (128k positions) does not reserve KV for 128k tokens per sequence by default.
+MAX_MODEL_LEN_CAP = 2048
 
 
 def _engine_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=str(TARGET_DIR), help="Hugging Face-format model folder (default: fixture target)")
+    ap.add_argument("--model", type=folder, default=str(TARGET_DIR),
+                    help="Hugging Face-format model folder (default: fixture target)")
     ap.add_argument("--spec", choices=["ngram", "block"], default=None, help="speculative decoding drafter")
-    ap.add_argument("--num-spec-tokens", type=int, default=4, help="draft tokens per verify step (k)")
-    ap.add_argument("--drafter", default=None, help="block drafter folder (default: fixture drafter)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--num-spec-tokens", type=int_at_least(1, 16), default=4, metavar="K",
+                    help="draft tokens per verify step (k, 1..16; the block drafter takes at most 8)")
+    ap.add_argument("--drafter", type=folder, default=None, help="block drafter folder (default: fixture drafter)")
+    ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--max-model-len", type=int_at_least(2, 1 << 16), default=None, metavar="N",
+                    help="context length in tokens, prompt + completion (default: the model's "
+                    f"max_position_embeddings, at most {MAX_MODEL_LEN_CAP}); a request cut by it finishes "
+                    "with reason 'context'")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="default: the checkpoint's dtype (float32 for float16 or unstated)")
     runner = ap.add_mutually_exclusive_group()
@@ -36,10 +47,24 @@ def _drafter(args) -> str | None:
     return args.drafter or (str(DRAFTER_DIR) if args.spec == "block" else None)
 
 
+def _max_model_len(args) -> int:
+    """--max-model-len, checked against the model; without it the model's own, capped."""
+    from engine.config import ModelConfig
+    positions = ModelConfig.from_dir(args.model).max_position_embeddings
+    if args.max_model_len is None:
+        return min(positions, MAX_MODEL_LEN_CAP)
+    if args.max_model_len > positions:
+        raise SpecgateError(f"argument --max-model-len: {args.max_model_len} exceeds the model's "
+                            f"max_position_embeddings ({positions})")
+    return args.max_model_len
+
+
 def _llm(args, **extra):
     from engine import LLM
+    max_model_len = _max_model_len(args)
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
-                  device=args.device, async_runner=args.async_runner)
+                  device=args.device, async_runner=args.async_runner, max_model_len=max_model_len,
+                  max_num_batched_tokens=max(2048, max_model_len))
     if args.dtype is not None:
         kwargs["dtype"] = args.dtype
     kwargs.update(extra)
@@ -58,12 +83,16 @@ def cmd_generate(args) -> int:
     print(args.prompt + out.text)
     n = len(out.token_ids)
     line = (f"[prompt {len(out.prompt_token_ids)} tokens, completion {n} tokens, {seconds:.2f} s, "
-            f"{n / seconds:.1f} tokens/s, finish {out.finish_reason}")
+            f"{n / seconds:.1f} tokens/s, finish {out.finish_reason}, context {llm.config.max_model_len}")
     if args.spec:
         acc = Acceptance()
         acc.add(out.stats, n)
         line += f", τ {acc.mean_acceptance_length:.2f}, accept rate {acc.acceptance_rate:.1%}"
     print(line + "]", file=sys.stderr)
+    if out.finish_reason == "context":
+        print(f"specgate: warning: the completion was cut at {n} of --max-tokens {args.max_tokens} tokens: "
+              f"prompt + completion reached the context length {llm.config.max_model_len} "
+              "(raise --max-model-len, up to the model's max_position_embeddings)", file=sys.stderr)
     return 0
 
 
@@ -72,14 +101,24 @@ def cmd_bench(args) -> int:
     from engine.runtime import model_checksums
     if args.measure_load:
         return _measure_load(args)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
+    if args.legs <= args.warmup_legs:
+        print(f"specgate: error: --legs {args.legs} with --warmup-legs {args.warmup_legs} leaves no warm leg "
+              f"to average: give --legs at least {args.warmup_legs + 1}, or lower --warmup-legs", file=sys.stderr)
+        return 2
     from fixtures.corpus import load_corpus
     workload = bench.heldout_workload(load_corpus(), args.num_prompts, max_tokens=args.max_tokens,
                                       temperature=args.temperature)
+    terminal = sys.stderr.isatty()
+
+    def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
+        print(f"bench: c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
+              f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
-                           args.warmup_legs, progress=sys.stderr.isatty())
+                           args.warmup_legs, progress=terminal, on_leg=None if terminal else leg_line)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "models": model_checksums(args.model, _drafter(args))}
+            "device": args.device, "max_model_len": _max_model_len(args),
+            "models": model_checksums(args.model, _drafter(args))}
     result = bench.report(legs, workload, meta)
     for c, s in result["summary"].items():
         acc = s["acceptance"]
@@ -91,7 +130,13 @@ def cmd_bench(args) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     if args.plot:
-        bench.plot(legs, args.plot, f"spec={args.spec} k={meta['k']} on {args.device}")
+        drafter = f"spec={args.spec} k={meta['k']}" if args.spec else "no drafter"
+        bench.plot(result["figures"], args.plot, f"specgate bench: {drafter} on {args.device}\n"
+                   f"{len(workload.prompts)} prompts x {workload.max_tokens} tokens, workload {result['workload']['fingerprint']}")
+    for path in filter(None, (args.json, args.plot)):
+        print(f"wrote {path}")
+    if not (args.json or args.plot):
+        print("wrote nothing (give --json FILE and/or --plot FILE.png)")
     return 0
 
 
@@ -110,26 +155,29 @@ def _measure_load(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    ap = Parser(prog="specgate", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="complete one prompt")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int_at_least(1), default=64)
+    g.add_argument("--temperature", type=float_in(0.0), default=0.0)
+    g.add_argument("--top-k", type=int_at_least(-1), default=-1, help="-1: off")
+    g.add_argument("--top-p", type=float_in(0.0, 1.0, lo_open=True), default=1.0)
+    g.add_argument("--seed", type=int_at_least(0), default=None)
     _engine_args(g)
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="tokens/s and acceptance per leg on held-out prompts")
-    b.add_argument("--concurrency", default="1,8")
-    b.add_argument("--legs", type=int, default=3)
-    b.add_argument("--warmup-legs", type=int, default=1)
-    b.add_argument("--num-prompts", type=int, default=8)
-    b.add_argument("--max-tokens", type=int, default=64)
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--json", default=None)
-    b.add_argument("--plot", default=None, help="write a PNG of τ and tokens/s per leg")
+    b.add_argument("--concurrency", type=int_list(1, 256), default=[1, 8], metavar="C[,C...]",
+                   help="concurrencies (max_num_seqs) to run, e.g. 1,8 (default)")
+    b.add_argument("--legs", type=int_at_least(1), default=3, help="legs per concurrency (default 3)")
+    b.add_argument("--warmup-legs", type=int_at_least(0), default=1,
+                   help="the first N legs of each concurrency are warm-up: shown, never averaged (default 1)")
+    b.add_argument("--num-prompts", type=int_at_least(1), default=8)
+    b.add_argument("--max-tokens", type=int_at_least(1), default=64)
+    b.add_argument("--temperature", type=float_in(0.0), default=0.0)
+    b.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write every leg and the fold")
+    b.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
+                   help="write a PNG: tokens/s per leg (and τ, acceptance per position with --spec)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
     _engine_args(b)

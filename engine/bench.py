@@ -85,7 +85,9 @@ def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: 
 
 
 def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
-              warmup_legs: int = 1, progress: bool = True) -> list[Leg]:
+              warmup_legs: int = 1, progress: bool = True, on_leg=None) -> list[Leg]:
+    """Every leg of every concurrency; a progress bar when `progress`, and `on_leg(leg)` after each
+    (the command prints a line per leg when it is not on a terminal)."""
     from tqdm import tqdm
     results = []
     with tqdm(total=len(concurrencies) * legs, unit="leg", disable=not progress) as bar:
@@ -95,36 +97,110 @@ def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
                 bar.set_description(f"c={c} leg {i}")
                 results.append(run_leg(llm, workload, c, i, warmup_legs))
                 bar.update(1)
+                if on_leg is not None:
+                    on_leg(results[-1])
     return results
 
 
 def report(legs: list[Leg], workload: Workload, meta: dict) -> dict:
+    spec = bool(meta.get("spec"))
     return {"workload": {"fingerprint": workload.fingerprint(), "num_prompts": workload.num_reqs,
                          "max_tokens": workload.max_tokens_json(), "temperature": workload.temperature},
-            **meta, "legs": [asdict(leg) for leg in legs], "summary": fold(legs)}
+            **meta, "legs": [asdict(leg) for leg in legs], "summary": fold(legs),
+            "figures": figures(legs, spec)}
 
 
-def plot(legs: list[Leg], path: str | Path, title: str) -> None:
-    """τ and tokens/s per leg, one line per concurrency, so a collapse over a run shows."""
+def figures(legs: list[Leg], spec: bool) -> dict:
+    """What the plot draws, per concurrency: tokens/s and warm flag per leg and the fold (mean,
+    min, max over the warm legs); with a drafter also τ per leg and the acceptance rate per draft
+    position over the warm legs (accepted at position j / drafts). The JSON holds the same dict."""
+    summary = fold(legs)
+    out = {}
+    for c, s in summary.items():
+        mine = [leg for leg in legs if str(leg.concurrency) == c]
+        fig = {"legs": [leg.index for leg in mine], "warm": [leg.warm for leg in mine],
+               "tokens_per_s": [leg.tokens_per_s for leg in mine],
+               "fold": {k: s[f"tokens_per_s_{k}"] for k in ("mean", "min", "max")} | {"warm_legs": s["legs"]}}
+        if spec:
+            acc = s["acceptance"]
+            fig["tau"] = [leg.acceptance["mean_acceptance_length"] for leg in mine]
+            fig["tau_fold"] = acc["mean_acceptance_length"]
+            fig["acceptance_per_position"] = [round(n / acc["num_drafts"], 4) if acc["num_drafts"] else 0.0
+                                              for n in acc["accepted_per_position"]]
+        out[c] = fig
+    return out
+
+
+def plot(figs: dict, path: str | Path, title: str) -> None:
+    """One PNG of a run, from `figures()`: tokens/s per leg (warm-up legs hollow, the fold of the
+    warm legs as a line and band); with a drafter also τ per leg and acceptance per draft position
+    as grouped bars. Concurrencies are side by side (offsets, own colour and marker), never on top."""
     import matplotlib
-    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax_tau, ax_tps) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for c in sorted({leg.concurrency for leg in legs}):
-        mine = [leg for leg in legs if leg.concurrency == c]
-        xs = [leg.index for leg in mine]
-        ax_tau.plot(xs, [leg.acceptance["mean_acceptance_length"] for leg in mine], "o-", label=f"c={c}")
-        ax_tps.plot(xs, [leg.tokens_per_s for leg in mine], "o-", label=f"c={c}")
-        for leg in mine:
-            if not leg.warm:
-                ax_tps.annotate("cold", (leg.index, leg.tokens_per_s), fontsize=7)
-    ax_tau.set_ylabel("τ (1 + accepted/drafts)")
-    ax_tps.set_ylabel("output tokens/s")
-    ax_tps.set_xlabel("leg")
-    ax_tps.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax_tau.legend()
-    ax_tau.set_title(title)
+    import matplotlib.ticker
+    spec = any("tau" in f for f in figs.values())
+    cs = list(figs)
+    fig, axes = plt.subplots(1, 3 if spec else 1, figsize=(15 if spec else 7.5, 5), squeeze=False)
+    axes = axes[0]
+    colours, markers = plt.rcParams["axes.prop_cycle"].by_key()["color"], "osD^v<>p"
+    width = 0.8 / len(cs)
+    ax = axes[0]
+    for n, c in enumerate(cs):
+        f, colour, marker = figs[c], colours[n % len(colours)], markers[n % len(markers)]
+        xs = [i + (n - (len(cs) - 1) / 2) * width for i in f["legs"]]
+        ax.plot(xs, f["tokens_per_s"], "-", color=colour, alpha=0.4)
+        for x, y, warm in zip(xs, f["tokens_per_s"], f["warm"]):
+            ax.plot([x], [y], marker, color=colour, markersize=8, markerfacecolor=colour if warm else "white")
+        fold = f["fold"]
+        if fold["mean"] is not None:
+            lo, hi = min(f["legs"]) - 0.45, max(f["legs"]) + 0.45
+            warm_x = [x for x, w in zip(xs, f["warm"]) if w]
+            ax.fill_between([min(warm_x) - width / 2, max(warm_x) + width / 2], fold["min"], fold["max"],
+                            color=colour, alpha=0.12)
+            ax.hlines(fold["mean"], lo, hi, colors=colour, linestyles="--", linewidth=1.2)
+            ax.annotate(f"c={c}: {fold['mean']:.0f} tok/s\n(mean of warm legs {fold['warm_legs']})",
+                        (hi, fold["mean"]), xytext=(4, 0), textcoords="offset points", va="center",
+                        fontsize=8, color=colour)
+        ax.plot([], [], marker + "-", color=colour, label=f"c={c}")
+    ax.plot([], [], "o", color="grey", markerfacecolor="white", label="warm-up leg (not averaged)")
+    ax.plot([], [], "o", color="grey", label="warm leg")
+    ax.plot([], [], "--", color="grey", label="mean of warm legs (band: min-max)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_xlabel("leg")
+    all_legs = sorted({i for f in figs.values() for i in f["legs"]})
+    ax.set_ylim(0, 1.15 * max(max(f["tokens_per_s"]) for f in figs.values()))
+    ax.set_xlim(all_legs[0] - 0.6, all_legs[-1] + 1.9)  # room on the right for the fold's labels
+    ax.set_xticks(all_legs)
+    ax.set_title("throughput per leg")
+    ax.legend(fontsize=8, loc="lower left")
+    if spec:
+        _bars(axes[1], figs, "tau", "legs", width, colours, "τ per leg (1 + accepted / drafts)", "leg")
+        axes[1].set_ylim(1, 1 + 1.25 * (max(max(f["tau"]) for f in figs.values()) - 1) + 0.05)
+        _bars(axes[2], figs, "acceptance_per_position", None, width, colours,
+              "acceptance per draft position (warm legs)", "draft position")
+        axes[2].set_ylim(0, 1.15)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _bars(ax, figs: dict, key: str, xkey: str | None, width: float, colours, title: str, xlabel: str) -> None:
+    """Grouped bars, one group per x, one bar per concurrency, each labelled with its value;
+    warm-up legs are hatched."""
+    import matplotlib.ticker
+    for n, (c, f) in enumerate(figs.items()):
+        ys = f[key]
+        xs = f[xkey] if xkey else list(range(1, len(ys) + 1))
+        offs = [x + (n - (len(figs) - 1) / 2) * width for x in xs]
+        hatches = ["//" if xkey and not w else "" for w in (f["warm"] if xkey else ys)]
+        bars = ax.bar(offs, ys, width * 0.95, color=colours[n % len(colours)], label=f"c={c}", edgecolor="white")
+        for bar, hatch in zip(bars, hatches):
+            bar.set_hatch(hatch)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.legend(fontsize=8, loc="upper right", ncol=len(figs), title="hatched: warm-up leg" if xkey else None,
+              title_fontsize=7)

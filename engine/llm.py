@@ -233,8 +233,10 @@ class LLM:
         p = req.params
         if token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos):
             return "stop"
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.config.max_model_len:
+        if len(req.output_token_ids) >= p.max_tokens:
             return "length"
+        if req.num_tokens >= self.config.max_model_len:
+            return "context"  # cut by max_model_len before max_tokens: the caller asked for more
         return None
 
     # ---- whole runs ---------------------------------------------------------------------------

@@ -7,9 +7,13 @@ catalogue and lists none.
 """
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from gates import report
+from gates.argtypes import device, float_in, folder, output_file
 from gates.registry import GATES, by_name
+
+DEFAULT_JSON = "reports/gates.json, or reports/gate-NAME.json for named gates"
 
 
 def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] | None = None) -> None:
@@ -20,13 +24,14 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     ls.set_defaults(func=cmd_list)
     run = sub.add_parser("run", help="run gates (all when none is named); exit 1 when any is red or errored")
     run.add_argument("names", nargs="*", metavar="NAME", help="gates to run (default: all)")
-    run.add_argument("--json", default=None, metavar="FILE", help="write the report as JSON")
-    run.add_argument("--junit", default=None, metavar="FILE", help="write the report as JUnit XML")
+    run.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                     help=f"write the report as JSON (default: {DEFAULT_JSON})")
+    run.add_argument("--junit", type=output_file, default=None, metavar="FILE", help="write the report as JUnit XML")
     run.add_argument("--deep", action="store_true", help="Hypothesis 'deep' profile: many more examples")
-    run.add_argument("--model", default=None, help="target model folder (default: the fixture target)")
-    run.add_argument("--drafter", default=None, help="block drafter folder (default: the fixture drafter)")
-    run.add_argument("--device", default=None, help="device for the engine runs (default: cpu)")
-    run.add_argument("--busy-threshold", type=float, default=None, metavar="LEVEL",
+    run.add_argument("--model", type=folder, default=None, help="target model folder (default: the fixture target)")
+    run.add_argument("--drafter", type=folder, default=None, help="block drafter folder (default: the fixture drafter)")
+    run.add_argument("--device", type=device, default=None, help="device for the engine runs (default: cpu)")
+    run.add_argument("--busy-threshold", type=float_in(0.0, 1.0, lo_open=True), default=None, metavar="LEVEL",
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
@@ -56,14 +61,35 @@ def cmd_run(args) -> int:
         return 2
     if args.cpu_only:
         gates = [g for g in gates if g.needs == "cpu"]
-    result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
+    from engine.config import ModelConfig, read_config_json
+    from engine.errors import SpecgateError
+    checks = (("--model", args.model, ModelConfig.from_dir),
+              ("--drafter", args.drafter, lambda d: read_config_json(Path(d), "drafter")))
+    for flag, folder, check in checks:
+        try:
+            if folder:  # refused here in one line, not after a pytest session's worth of output
+                check(folder)
+        except SpecgateError as e:
+            print(f"specgate: error: argument {flag}: {e}", file=sys.stderr)
+            return 2
+    json_path = args.json or default_json(args.names)
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    result = run_gates(gates, json_path, args.junit, deep=args.deep, model=args.model,
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
                        pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "
           f"{counts['error']} error in {result['seconds']:.0f} s")
+    for path in filter(None, (json_path, args.junit)):
+        print(f"wrote {path}")
     return result["exit_status"]
+
+
+def default_json(names: list[str]) -> str:
+    """Where `gates run` writes its JSON without --json: reports/gates.json for every gate (what
+    `gates verdict` reads by default), reports/gate-NAME.json for named gates (as `make gate`)."""
+    return f"reports/gate-{'+'.join(names)}.json" if names else "reports/gates.json"
 
 
 def cmd_verdict(args) -> int:

@@ -37,6 +37,8 @@ def pytest_addoption(parser):
     group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
     group.addoption("--gates-spec", default=None, help="JSON list of gate definitions to use instead "
                     "of the registry (tests of the harness)")
+    group.addoption("--gates-no-table", action="store_true", help="print no gate table at the end: the "
+                    "caller prints its own (specgate gates run), so the table is not shown twice")
     group.addoption("--gates-per-test", action="store_true", help="only each test's own outcome sets the "
                     "exit status, not the gates' verdicts: a mutation run selects a few tests of a gate, "
                     "and a claim another test covers would read as red")
@@ -146,6 +148,17 @@ class GateSession:
             return (yield)
         finally:
             self.current_item = None
+            if gate is not None and (nextitem is None or self.gate_of(nextitem.path) is not gate):
+                self._gate_done(gate)
+
+    def _gate_done(self, gate: Gate) -> None:
+        """One line per finished gate, so a long run shows progress also when not on a terminal."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            r = self.gate_result(gate)
+            reporter.write("\n")  # after pytest's progress dots
+            reporter.write_line(f"specgate: gate {gate.name} {r['status']} ({r['num_cases']} cases, "
+                                f"{r['seconds']:.0f} s): {r['reason']}")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -177,7 +190,7 @@ class GateSession:
                                              indent=2, default=str))
 
     def pytest_terminal_summary(self, terminalreporter):
-        if self.results:
+        if self.results and not self.config.getoption("--gates-no-table"):
             terminalreporter.write_sep("=", "specgate gates")
             terminalreporter.write_line(verdicts.table(self.results))
 
@@ -257,9 +270,12 @@ def environment(config) -> dict:
         checksums = model_checksums(target_dir, model_dir(config, "drafter"))
     except OSError as e:
         checksums = {"error": str(e)}
+    target, draft = model_dir(config, "target"), model_dir(config, "drafter")
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": has_cuda(),
             "device": option(config, "--device", "SPECGATE_DEVICE") or "cpu",
-            "model": model, "drafter": drafter, "model_sha256": checksums,
+            # The folders used, given or default; model_given says whether --model/$SPECGATE_MODEL named one.
+            "model": str(target) if target else None, "drafter": str(draft) if draft else None,
+            "model_given": model is not None, "drafter_given": drafter is not None, "model_sha256": checksums,
             "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()}
 

@@ -32,7 +32,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
         spec_path.write_text(json.dumps([{**asdict(g), "path": str(g.file)} for g in gates]))
         cmd = [sys.executable, "-m", "pytest", "-p", "gates.plugin", f"--rootdir={REPO}",
                "-c", str(REPO / "pyproject.toml"), "--gates-report", str(raw_path),
-               "--gates-spec", str(spec_path), *(str(g.file) for g in gates), *pytest_args]
+               "--gates-spec", str(spec_path), "--gates-no-table", *(str(g.file) for g in gates), *pytest_args]
         for flag, value in (("--model", model), ("--drafter", drafter), ("--device", device)):
             if value:
                 cmd += [flag, str(value)]

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from gates.argtypes import int_at_least
 from mutants.mutation_ratchet import baseline_commit, load_baseline, ratchet, stale_equivalents, update_baseline
 from mutants.mutation_report import score_line, summarise, write_reports
 from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
@@ -107,7 +108,7 @@ def add_mutate_parser(sub) -> None:
                    "('baseline': the commit of the last full run, from the baseline file)")
     p.add_argument("--only", action="append", default=[], metavar="PATTERN",
                    help="mutate only mutants whose mutmut name matches (repeatable), e.g. 'engine.verify.*'")
-    p.add_argument("--max-children", type=int, default=os.cpu_count() or 2, metavar="N",
+    p.add_argument("--max-children", type=int_at_least(1), default=os.cpu_count() or 2, metavar="N",
                    help="mutants tested at once (default: the CPU count)")
     p.add_argument("--report", type=Path, default=REPO / "reports" / "mutation", metavar="DIR",
                    help="write summary.json, mutation-report.json (Stryker schema), survivors.md here")

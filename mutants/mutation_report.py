@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from mutants import viewer
 from mutants.mutation_diff import mutator_name, place
 
 STATUSES = ("killed", "survived", "no tests", "skipped", "timeout", "suspicious", "segfault",
@@ -30,7 +31,6 @@ REASONS = {"no tests": "no test exercises this function", "skipped": "skipped by
            "segfault": "run failure: the test process died on a signal (SIGSEGV, or SIGKILL e.g. out of memory)",
            "not checked": "run failure: the run ended before this mutant was checked",
            "check was interrupted by user": "run failure: the check was interrupted"}
-VIEWER = "https://www.unpkg.com/mutation-testing-elements@3"  # any 3.x viewer reads schema v2
 REPO = Path(__file__).resolve().parent.parent  # record paths are relative to it
 
 
@@ -149,14 +149,31 @@ def markdown(records: Iterable[MutantRecord], summary: dict) -> str:
 
 _HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specgate mutation report</title>
-<!-- The viewer is loaded from a CDN: open this page with network access. The report is embedded below. -->
-<script defer src="{viewer}"></script></head>
-<body><mutation-test-report-app title-postfix="specgate"></mutation-test-report-app>
+<!-- Self-contained: the viewer ({package}) is inlined below and the report embedded; no network. -->
+<style>#specgate-summary {{ font: 14px system-ui, sans-serif; margin: 8px 16px; }}</style></head>
+<body><p id="specgate-summary">{summary}</p>
+<mutation-test-report-app title-postfix="specgate"></mutation-test-report-app>
+<script>{viewer}</script>
 <script>
 document.querySelector("mutation-test-report-app").report = {report};
 </script>
 </body></html>
 """
+
+
+def html(report: dict, summary: dict) -> str:
+    """The viewer page: the pinned viewer inlined (mutants/viewer.py), the report embedded. Without
+    npm the page still opens, with the counts and a line saying why the viewer is missing."""
+    import html as escape
+    line = (f"{summary['total']} mutants: " + ", ".join(f"{summary[s.replace(' ', '_')]} {s}" for s in STATUSES
+                                                        if summary[s.replace(' ', '_')]) + f". {score_line(summary)}")
+    try:
+        script = viewer.inline_script()
+    except viewer.ViewerUnavailable as e:
+        script, line = "", line + f" (The viewer could not be vendored: {e}; mutation-report.json holds every mutant.)"
+    embedded = json.dumps(report).replace("<", "\\u003c")  # no source text can close the <script> early
+    return _HTML.format(package=f"{viewer.PACKAGE}@{viewer.VERSION}", summary=escape.escape(line),
+                        viewer=script, report=embedded)
 
 
 def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sources: dict[str, str],
@@ -174,6 +191,5 @@ def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sourc
     paths["summary"].write_text(json.dumps({**summary, **extra}, indent=2) + "\n", encoding="utf-8")
     paths["stryker"].write_text(json.dumps(report, ensure_ascii=False) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(records, summary), encoding="utf-8")
-    embedded = json.dumps(report).replace("<", "\\u003c")  # no source text can close the <script> early
-    paths["html"].write_text(_HTML.format(viewer=VIEWER, report=embedded), encoding="utf-8")
+    paths["html"].write_text(html(report, summary), encoding="utf-8")
     return paths

@@ -65,14 +65,19 @@ def git(args: list[str], repo: Path) -> str:
     return proc.stdout
 
 
+LINE_EVERY = 100
+
+
 def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING) -> int:
     """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
     output goes to log_path."""
     from tqdm import tqdm
     env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0")
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
-    bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5 if sys.stderr.isatty() else 30,
-               dynamic_ncols=True, file=sys.stderr)
+    terminal = sys.stderr.isatty()
+    bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5, dynamic_ncols=True, file=sys.stderr,
+               disable=not terminal)
+    next_line = LINE_EVERY  # not on a terminal: one line per LINE_EVERY mutants instead of the bar
     with open(log_path, "w", buffering=1) as log, subprocess.Popen(cmd, cwd=staging, env=env, stdout=subprocess.PIPE,
                                                       stderr=subprocess.STDOUT) as proc:
         first_done = None
@@ -88,6 +93,10 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
             bar.update(done - first_done - bar.n)
             bar.set_postfix(killed=killed, survived=survived, timeout=timeout, suspicious=suspicious,
                             refresh=False)
+            if not terminal and next_line is not None and (done - first_done >= next_line or done == total):
+                print(f"mutate: {done}/{total} mutants checked: {killed} killed, {survived} survived, "
+                      f"{no_tests} no tests, {timeout} timeout, {suspicious} suspicious", file=sys.stderr, flush=True)
+                next_line = None if done == total else done - first_done + LINE_EVERY
         bar.close()
         return proc.wait()
 

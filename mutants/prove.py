@@ -24,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
-from mutants import matrix
+from mutants import matrix, proof_html
 from mutants.apply import StalePatch, copy_tree, patched_files
 from mutants.catalogue import Defect, by_name
 from mutants.matrix import CLEAN, NEEDS_CUDA, RAN, STALE, Proof, TreeRun
@@ -107,11 +108,21 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
         parallel = [(label, d, [g for g in names if g not in timed], dev) for label, d, names, dev in tasks]
         alone = [(label, d, [g], dev) for label, d, names, dev in tasks for g in names if g in timed]
         phases = [([t for t in parallel if t[2]], jobs), ([t for t in alone if t[2]], 1)]
-        bar = _progress(sum(len(p) for p, _ in phases), options.progress)
+        total = sum(len(p) for p, _ in phases)
+        bar = _progress(total, options.progress)
+        lines = options.progress and bar is not None and bar.disable  # not a terminal: a line per run
+        done = 0
         try:
             for phase, workers in phases:
-                for run in _run_phase(prover, base, work, phase, workers, bar):
+                for run in _run_phase(prover, base, work, phase, workers):
                     runs[run.tree] = join_runs(runs.get(run.tree), run)
+                    done += 1
+                    if bar is not None:
+                        bar.set_postfix_str(f"{run.tree}: {_summary(run)}")
+                        bar.update(1)
+                    if lines:
+                        print(f"prove: [{done}/{total}] {run.tree}: {_summary(run)} ({run.seconds:.0f} s)",
+                              file=sys.stderr, flush=True)
         finally:
             if bar is not None:
                 bar.close()
@@ -119,17 +130,13 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
     return matrix.judge(defects, runs, clean, gate_needs, cuda, options.complete, time.perf_counter() - t0)
 
 
-def _run_phase(prover: Prover, base: Path, work: Path, tasks: list, workers: int, bar):
+def _run_phase(prover: Prover, base: Path, work: Path, tasks: list, workers: int):
     """Run `tasks` (label, defect, gate names, device) on `workers` threads; yield each TreeRun."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         futures = [pool.submit(prover.run_tree, base, work, *task) for task in tasks]
         for future in as_completed(futures):
-            run = future.result()
-            if bar is not None:
-                bar.set_postfix_str(f"{run.tree}: {_summary(run)}")
-                bar.update(1)
-            yield run
+            yield future.result()
     except BaseException:
         prover.stop()
         pool.shutdown(wait=True, cancel_futures=True)
@@ -165,14 +172,17 @@ def add_prove_parser(subparsers) -> None:
     p = subparsers.add_parser("prove", help="plant each seeded defect in a copy of the tree and show "
                               "the gates it names go red, and every gate green on the clean tree")
     p.add_argument("defects", nargs="*", metavar="DEFECT", help="defects to plant (default: all)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the matrix and verdict as JSON")
-    p.add_argument("--markdown", default=None, metavar="FILE", help="write the matrix as Markdown")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the matrix and verdict as JSON")
+    p.add_argument("--markdown", type=output_file, default=None, metavar="FILE", help="write the matrix as Markdown")
+    p.add_argument("--html", type=output_file, default=None, metavar="FILE",
+                   help="write the matrix as a self-contained HTML page, each cell linked to its evidence "
+                   "(default: beside --json or --markdown, as prove.html)")
     p.add_argument("--full", action="store_true", help="run every gate on every defect, not only the "
                    "ones it names plus lossless")
-    p.add_argument("--jobs", type=int, default=2, metavar="N", help="trees proven in parallel (default 2)")
-    p.add_argument("--device", default="cpu", help="device the CPU gates run the engine on (default cpu); "
+    p.add_argument("--jobs", type=int_at_least(1), default=2, metavar="N", help="trees proven in parallel (default 2)")
+    p.add_argument("--device", type=device, default="cpu", help="device the CPU gates run the engine on (default cpu); "
                    "defects that need CUDA always run on cuda")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=float_in(0.0, lo_open=True), default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"seconds one tree's gate run may take; a timeout fails (default {DEFAULT_TIMEOUT_S})")
     p.set_defaults(func=cmd_prove)
 
@@ -207,10 +217,15 @@ def cmd_prove(args) -> int:
         f"{g} {t['seconds']:.0f} s in {t['runs']} runs" for g, t in matrix.gate_seconds(proof.runs, proof.clean).items()))
     print(f"\nprove: {'PASS' if v.exit_status == 0 else 'FAIL'} ({len(v.problems)} problems) in {wall:.0f} s "
           f"with {args.jobs} jobs")
-    if args.json:
-        Path(args.json).write_text(json.dumps(matrix.report(proof, meta), indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(matrix.markdown(proof, meta))
+    html = args.html or next((str(Path(f).with_suffix(".html")) for f in (args.json, args.markdown) if f), None)
+    for path, text in ((args.json, lambda: json.dumps(matrix.report(proof, meta), indent=2)),
+                       (args.markdown, lambda: matrix.markdown(proof, meta)),
+                       (html, lambda: proof_html.page(proof, meta))):
+        if path:
+            Path(path).write_text(text(), encoding="utf-8")
+            print(f"wrote {path}")
+    if not (args.json or args.markdown or html):
+        print("wrote nothing (give --json, --markdown or --html FILE)")
     return v.exit_status
 
 

@@ -122,7 +122,9 @@ def read_gate_results(json_path: Path) -> dict[str, dict]:
     if not json_path.is_file():
         return {}
     raw = json.loads(json_path.read_text())
-    return {g["name"]: {"status": g["status"], "reason": g.get("reason", ""), "seconds": g.get("seconds", 0.0)}
+    # The first pieces of evidence go along, for the proof's HTML page to link each cell to.
+    return {g["name"]: {"status": g["status"], "reason": g.get("reason", ""), "seconds": g.get("seconds", 0.0),
+                        "evidence": g.get("evidence", [])[:3]}
             for g in raw.get("gates", [])}
 
 

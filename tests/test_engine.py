@@ -139,7 +139,7 @@ def test_output_fills_the_context_exactly_at_max_model_len():
     prompt = "for i in range(10):\n" * 12  # 240 bytes + BOS
     out, = engine().generate([prompt], greedy(40, ignore_eos=True))
     assert len(out.prompt_token_ids) + len(out.token_ids) == 256
-    assert out.finish_reason == "length"
+    assert out.finish_reason == "context"  # cut by max_model_len, not by max_tokens ("length")
     longer, = engine(max_model_len=512).generate([prompt], greedy(40, ignore_eos=True))
     assert out.token_ids == longer.token_ids[:len(out.token_ids)]
 

@@ -274,6 +274,11 @@ def test_a_refusal_lists_the_first_five_bad_ids(shared_llm):
 
 def test_longest_prompt_that_fits_gets_one_token(shared_llm):
     out, = shared_llm.generate(["a" * 254], GREEDY)  # 255 tokens with BOS, max_model_len 256
+    assert len(out.token_ids) == 1 and out.finish_reason == "context"
+
+
+def test_context_and_max_tokens_reached_together_is_length(shared_llm):
+    out, = shared_llm.generate(["a" * 254], SamplingParams(temperature=0, max_tokens=1))
     assert len(out.token_ids) == 1 and out.finish_reason == "length"
 
 

@@ -3,6 +3,7 @@ timeouts are run failures, the ratchet only rises, reviewed equivalents go stale
 real (tiny) mutmut run is read back into records."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -194,7 +195,7 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-children", "0"], "--max-children must be at least 1"),
+    (["--max-children", "0"], "argument --max-children: must be an integer >= 1, got 0"),
     (["--since", "no-such-rev"], "no-such-rev"),
     (["--since", "HEAD", "--update-baseline"], "needs a full run"),
     (["--only", "engine.verify.*", "--update-baseline"], "needs a full run"),
@@ -202,11 +203,15 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(capsys, args, message):
     from specgate_cli import main
-    assert main(["mutate", *args]) == 2
+    try:
+        status = main(["mutate", *args])
+    except SystemExit as e:  # refused by the parser itself
+        status = e.code
+    assert status == 2
     assert message in capsys.readouterr().err
 
 
-def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path):
+def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path, capsys):
     """mutmut 3.8 over a two-function package, from a staging folder: one function's mutants are
     all killed by its test, the other has no test; the records and scores say so."""
     staging = tmp_path / "staging"
@@ -221,6 +226,8 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path):
                                             'pytest_add_cli_args_test_selection = ["tests"]\n')
     rc = mutation_run.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
     assert rc == 0, (tmp_path / "mutmut.log").read_text()[-2000:]
+    progress = capsys.readouterr().err  # not a terminal: progress as lines, the last at the end
+    assert re.search(r"mutate: (\d+)/\1 mutants checked: \d+ killed", progress), progress
     records = mutation_results.read_results([], {}, staging)
     by_function = {}
     for r in records:

@@ -283,7 +283,8 @@ def test_write_reports_writes_every_file(records, tmp_path):
     jsonschema.validate(report, SCHEMA, cls=jsonschema.Draft7Validator)
     assert paths["markdown"].read_text(encoding="utf-8") == markdown(records, summarise(records))
     page = paths["html"].read_text(encoding="utf-8")
-    assert "<mutation-test-report-app" in page and "https://www.unpkg.com/mutation-testing-elements" in page
+    assert "<mutation-test-report-app" in page and "<script src" not in page  # the viewer is inlined, not fetched
+    assert "customElements.define" in page and "9 mutants: 2 killed" in page
     assert page.count("</script>") == 2  # the source's "</script>" string cannot end the inline script
     embedded = re.search(r"\.report = (.*);\n</script>", page).group(1)
     assert json.loads(embedded) == report

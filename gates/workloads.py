@@ -28,6 +28,9 @@ PROMPTS = (
 )
 LONG_PROMPTS = tuple(p for p in PROMPTS if len(p) > 60)
 MAX_TOKENS = 40
+# stop_token_ids for the stop-rule workloads: bytes the fixture target emits now and then in
+# code, neither so often that every request ends at once nor so rarely that none stops.
+STOP_TOKENS = tuple(map(ord, "e(:=r"))
 
 
 def gate_settings(ci_examples: int) -> settings:
@@ -61,6 +64,8 @@ class Workload:
     host_history: tuple[bool, ...] = ()     # requests with a logits processor
     temperature: float = 0.0
     seeds: tuple[int, ...] = ()
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    ignore_eos: tuple[bool, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -69,15 +74,17 @@ class Workload:
     def params(self) -> list[SamplingParams]:
         processors = self.host_history or (False,) * self.num_reqs
         seeds = self.seeds or (None,) * self.num_reqs
-        return [SamplingParams(temperature=self.temperature, max_tokens=m, seed=s,
-                               logits_processors=[no_immediate_repeat] if p else [])
-                for m, p, s in zip(self.max_tokens, processors, seeds)]
+        stops = self.stop_token_ids or ((),) * self.num_reqs
+        ignore_eos = self.ignore_eos or (False,) * self.num_reqs
+        return [SamplingParams(temperature=self.temperature, max_tokens=m, seed=s, stop_token_ids=list(stop),
+                               ignore_eos=ig, logits_processors=[no_immediate_repeat] if p else [])
+                for m, p, s, stop, ig in zip(self.max_tokens, processors, seeds, stops, ignore_eos)]
 
 
 @st.composite
 def workloads(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = False,
               min_tokens: int = 1, host_history: bool | None = False,
-              max_arrival: int | None = 6) -> Workload:
+              max_arrival: int | None = 6, stop_rules: bool = False) -> Workload:
     n = draw(st.integers(min_reqs, max_reqs))
     pool = LONG_PROMPTS if long_prompts else PROMPTS
     prompts = tuple(draw(st.sampled_from(pool)) for _ in range(n))
@@ -87,7 +94,11 @@ def workloads(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = F
         processors = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     else:
         processors = (host_history,) * n
-    return Workload(prompts, max_tokens, arrivals, processors)
+    if not stop_rules:
+        return Workload(prompts, max_tokens, arrivals, processors)
+    stops = tuple(tuple(draw(st.lists(st.sampled_from(STOP_TOKENS), max_size=2))) for _ in range(n))
+    ignore_eos = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    return Workload(prompts, max_tokens, arrivals, processors, stop_token_ids=stops, ignore_eos=ignore_eos)
 
 
 # Arrivals during decode (prefill refusals), a cache too small for four requests (resumed
@@ -104,6 +115,12 @@ GRAPH_PADDING = Workload(prompts=tuple(PROMPTS[i] for i in (3, 7, 2, 4)), max_to
                          arrival_steps=(0, 0, 0, 0))
 GRAPH_PADDING_ENGINE = dict(max_num_seqs=4, graph=True)
 
+# A context the three long prompts (85, 74 and 73 tokens) reach within MAX_TOKENS while spec
+# decoding, the short one (10 tokens) not: finishes by max_model_len beside one by max_tokens.
+CONTEXT_LIMIT = Workload(prompts=tuple(PROMPTS[i] for i in (6, 2, 4, 0)), max_tokens=(MAX_TOKENS,) * 4,
+                         arrival_steps=(0, 0, 2, 1))
+CONTEXT_LIMIT_ENGINE = dict(max_model_len=96, max_num_seqs=4)
+
 
 @dataclass
 class Run:
@@ -114,6 +131,7 @@ class Run:
     outputs: list
     trace: list
     routes: set = field(default_factory=set)
+    max_model_len: int = 0
 
     @property
     def final_len(self) -> dict[int, int]:
@@ -131,7 +149,8 @@ class Run:
 def run(make_llm, workload: Workload, **engine) -> Run:
     llm = make_llm(trace=True, **engine)
     outputs = llm.generate(list(workload.prompts), workload.params(), arrival_steps=list(workload.arrival_steps))
-    return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace})
+    return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace},
+               llm.config.max_model_len)
 
 
 def run_pair(make_llm, workload: Workload, **engine) -> tuple[Run, Run]:

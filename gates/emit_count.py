@@ -96,6 +96,6 @@ def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_rec
     """Verify steps near the end of the context: the last step may carry drafts past it."""
     gate_record.case(drafter=drafter, workload="context limit", k=4, **CONTEXT_LIMIT_ENGINE)
     sync, async_ = run_pair(make_llm, CONTEXT_LIMIT, spec=drafter, num_spec_tokens=4, **CONTEXT_LIMIT_ENGINE)
+    check_pair(gate_record, reference, sync, async_)
     assert any(o.finish_reason == "length" and len(o.prompt_token_ids) + len(o.token_ids) == sync.max_model_len
                for o in sync.outputs), "no request reached max_model_len"
-    check_pair(gate_record, reference, sync, async_)

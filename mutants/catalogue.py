@@ -137,6 +137,17 @@ DEFECTS = (
            "reads its accepted count (int(tensor), for a progress line), so on a GPU it waits for every "
            "step before planning the next; no-sync's host-read hook shows it on the CPU too.",
            ("no-sync",), token_invisible=True),
+    # ---- paths both sides of every differential comparison share (the absolute reference) -------
+    Defect("stop-token-ids-ignored",
+           "A request's stop_token_ids are never checked in the finish rule that plain, spec, sync and async "
+           "share, so it runs on to max_tokens; every differential comparison agrees with itself and only the "
+           "reference decoder sees the tokens past the stop (no gate workload set stop_token_ids before).",
+           ("emit-count",)),
+    Defect("context-limit-off-by-one",
+           "The context-limit finish is off by one in the shared finish rule: a request ends only past "
+           "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "
+           "knows where the context ends.",
+           ("emit-count",)),
 )
 
 

@@ -148,6 +148,17 @@ DEFECTS = (
            "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "
            "knows where the context ends.",
            ("emit-count",)),
+    # ---- the sampled path at binding temperature, top-k and top-p --------------------------------
+    Defect("draft-q-before-top-k-top-p",
+           "The block drafter hands verify q taken before top-k/top-p (softmax of logits / T over the whole "
+           "vocabulary) while its drafts were drawn from the cut q: the acceptance ratio and the residual use "
+           "a q the drafts did not come from (lossy wherever top-k or top-p binds).",
+           ("lossless",)),
+    Defect("verify-p-ignores-top-k-top-p",
+           "Verify processes p with temperature only, while the drafter's q is cut by top-k and top-p: the "
+           "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
+           "the cuts bind, which the verify chi-square with its own q never made them do).",
+           ("lossless",)),
 )
 
 

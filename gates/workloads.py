@@ -58,7 +58,7 @@ def no_immediate_repeat(output_ids, logits_row):
 
 @dataclass(frozen=True)
 class Workload:
-    prompts: tuple[str, ...]
+    prompts: tuple[str | tuple[int, ...], ...]   # text, or token ids
     max_tokens: tuple[int, ...]
     arrival_steps: tuple[int, ...]
     host_history: tuple[bool, ...] = ()     # requests with a logits processor
@@ -117,8 +117,9 @@ GRAPH_PADDING_ENGINE = dict(max_num_seqs=4, graph=True)
 
 # A context the three long prompts (85, 74 and 73 tokens) reach within MAX_TOKENS while spec
 # decoding, the short one (10 tokens) not: finishes by max_model_len beside one by max_tokens.
-CONTEXT_LIMIT = Workload(prompts=tuple(PROMPTS[i] for i in (6, 2, 4, 0)), max_tokens=(MAX_TOKENS,) * 4,
-                         arrival_steps=(0, 0, 2, 1))
+# The fifth prompt is given as token ids, one token: a history shorter than every ngram size.
+CONTEXT_LIMIT = Workload(prompts=(*(PROMPTS[i] for i in (6, 2, 4, 0)), (40,)), max_tokens=(MAX_TOKENS,) * 5,
+                         arrival_steps=(0, 0, 2, 1, 0))
 CONTEXT_LIMIT_ENGINE = dict(max_model_len=96, max_num_seqs=4)
 
 

@@ -93,7 +93,8 @@ def test_emit_counts_in_padded_graph_steps_with_every_slot_taken(make_llm, gate_
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_record, reference, drafter):
-    """Verify steps near the end of the context: the last step may carry drafts past it."""
+    """Verify steps near the end of the context: the last step may carry drafts past it (on KV
+    blocks of 8 tokens, the one gate engine off the default 16)."""
     gate_record.case(drafter=drafter, workload="context limit", k=4, **CONTEXT_LIMIT_ENGINE)
     sync, async_ = run_pair(make_llm, CONTEXT_LIMIT, spec=drafter, num_spec_tokens=4, **CONTEXT_LIMIT_ENGINE)
     check_pair(gate_record, reference, sync, async_)

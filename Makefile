@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test prove gates gate gates-deep mutate viewer fixtures bench-cpu clean
+.PHONY: venv test prove gates gate gates-deep gates-coverage mutate viewer fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -41,6 +41,12 @@ gate: venv
 gates-deep: venv
 	@mkdir -p reports
 	$(VENV)/bin/specgate gates run --deep --json reports/gates-deep.json --junit reports/gates-deep.xml
+
+# Every gate under coverage.py: each gate's engine reach, reports/coverage/index.html, and the
+# request-path branches no gate takes (each must be in gates/unreached-branches.toml).
+gates-coverage: venv
+	@mkdir -p reports
+	$(VENV)/bin/specgate gates run --coverage reports/coverage --json reports/gates-coverage.json
 
 # Mutation run: mutmut over engine/ (staged in build/mutmut/); SINCE=<rev> mutates only the
 # functions changed since that revision. Reports in reports/mutation/.

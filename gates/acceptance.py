@@ -93,22 +93,28 @@ def heldout_workload(corpus, temperature: float) -> bench.Workload:
 
 
 def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
-    """Run the bench's legs on traced engines; per leg, the acceptance the trace implies."""
-    legs, expected, traces = [], {}, {}
-    for c in CONCURRENCIES:
+    """Run the bench's legs (bench.run_bench, as `specgate bench` does) on traced engines; per
+    leg, the acceptance the trace implies."""
+    runs = []  # (outputs, trace) of each generate call, in the order run_bench makes them
+
+    def make(c):
         llm = make_llm(trace=True, max_num_seqs=c, **engine)
-        generate, captured = llm.generate, {}
+        generate = llm.generate
 
         def capture(*args, **kwargs):
-            captured["outputs"] = generate(*args, **kwargs)
-            return captured["outputs"]
-        llm.generate = capture
-        for i in range(LEGS):
             start = len(llm.trace)
-            leg = bench.run_leg(llm, workload, c, i, WARMUP_LEGS)
-            legs.append(leg)
-            traces[(c, i)] = llm.trace[start:]
-            expected[(c, i)] = expected_acceptance(captured["outputs"], traces[(c, i)])
+            outputs = generate(*args, **kwargs)
+            runs.append((outputs, llm.trace[start:]))
+            return outputs
+        llm.generate = capture
+        return llm
+
+    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False)
+    assert len(runs) == len(legs), f"{len(legs)} legs made {len(runs)} engine runs"
+    expected, traces = {}, {}
+    for leg, (outputs, trace) in zip(legs, runs):
+        traces[(leg.concurrency, leg.index)] = trace
+        expected[(leg.concurrency, leg.index)] = expected_acceptance(outputs, trace)
     return legs, expected, traces
 
 

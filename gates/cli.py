@@ -35,6 +35,10 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
+    run.add_argument("--coverage", nargs="?", const="reports/coverage", default=None, metavar="DIR",
+                     help="measure each gate's engine lines and branches (coverage.py): figures into the JSON, "
+                     "HTML into DIR (default reports/coverage); with every gate, unreached request-path "
+                     "branches not in gates/unreached-branches.toml, or stale entries there, fail the run")
     run.set_defaults(func=cmd_run)
     gates.set_defaults(proven_against=dict(proven_against or {}))
     verdict = sub.add_parser("verdict", help="LIFT or KEEP the async-runner veto, with reasons, from gate "
@@ -76,11 +80,15 @@ def cmd_run(args) -> int:
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
     result = run_gates(gates, json_path, args.junit, deep=args.deep, model=args.model,
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
-                       pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
+                       pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else (),
+                       coverage_dir=args.coverage)
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "
           f"{counts['error']} error in {result['seconds']:.0f} s")
+    if "reach" in result:
+        from gates.reach import summary
+        print(summary(result))
     for path in filter(None, (json_path, args.junit)):
         print(f"wrote {path}")
     return result["exit_status"]

@@ -42,3 +42,12 @@ def make_llm(make_llm, drafter_dir, gate_device):
             kwargs.setdefault("drafter", drafter_dir)
         return make_llm(**kwargs)
     return make
+
+
+@pytest.fixture(scope="session")
+def reference(make_llm):
+    """The session's naive reference decoder (gates/reference.py) on the gates' model; its
+    greedy streams are cached, so every gate that asks pays for each prompt once."""
+    from gates.reference import ReferenceDecoder
+    llm = make_llm()
+    return ReferenceDecoder(llm.model, llm.eos_token_ids)

@@ -2,6 +2,11 @@
 as the sync runner; every run's trace agrees with its tokens and metrics; greedy acceptance is
 what the drafts imply; ngram drafts are the lookup of the committed history.
 
+Every greedy request of every run is also checked against the naive reference decoder
+(gates/reference.py): its tokens, and how and when it finished. The workloads set stop_token_ids
+and ignore_eos and reach max_model_len, and the gate is red unless each of those finishes happened:
+a defect in the finish rule that sync and async share is invisible to their comparison.
+
 Verify is lossless, so a stale draft or a logit gathered from the wrong row can leave every
 token right and move only acceptance: these checks see acceptance, per step, exactly.
 """
@@ -11,16 +16,27 @@ from hypothesis import strategies as st
 
 from gates.compare import runs_difference
 from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
-from gates.workloads import (DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE,
-                             gate_settings, params, run_pair, workloads)
+from gates.reference import reference_difference
+from gates.workloads import (CONTEXT_LIMIT, CONTEXT_LIMIT_ENGINE, DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE,
+                             MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, gate_settings, params, run_pair, workloads)
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts rejected",
           "async emitted more than one token in a step", "preemption", "graph arm",
-          "graph step with padding rows", "host-history request")
+          "graph step with padding rows", "host-history request", "finished on stop_token_ids", "finished on eos",
+          "ignore_eos passed an eos", "finished at max_tokens", "finished at max_model_len")
+
+# The reference decoder's finish triggers (gates/reference.py) and the claims they satisfy.
+FINISH_CLAIMS = {"stop_token_ids": "finished on stop_token_ids", "eos": "finished on eos",
+                 "ignore_eos": "ignore_eos passed an eos", "max_tokens": "finished at max_tokens",
+                 "max_model_len": "finished at max_model_len"}
 
 
-def check_pair(gate_record, sync, async_):
+def check_pair(gate_record, reference, sync, async_):
     for r in (sync, async_):
+        diff, triggers = reference_difference(reference, r, r.max_model_len)
+        gate_record.check(diff, f"{r.label()}: the engine vs the naive reference decoder")
+        for trigger in triggers:
+            gate_record.occurred(FINISH_CLAIMS[trigger])
         greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload))
                   if p.is_greedy and not p.logits_processors}
         gate_record.check(trace_consistency(r.outputs, r.trace), f"{r.label()}: trace vs outputs and metrics")
@@ -47,29 +63,40 @@ def note_coverage(gate_record, sync, async_):
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@given(workload=workloads(min_reqs=2, min_tokens=8, host_history=None), k=st.integers(1, 6),
+@given(workload=workloads(min_reqs=2, min_tokens=8, host_history=None, stop_rules=True), k=st.integers(1, 6),
        preempt=st.booleans())
 @gate_settings(4)
-def test_async_emit_counts_equal_sync(make_llm, gate_record, drafter, graph, workload, k, preempt):
+def test_async_emit_counts_equal_sync(make_llm, gate_record, reference, drafter, graph, workload, k, preempt):
     engine = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=4,
                   num_kv_blocks=18 if preempt else None)
     gate_record.case(drafter=drafter, graph=graph, k=k, num_reqs=workload.num_reqs, preempt=preempt)
-    check_pair(gate_record, *run_pair(make_llm, workload, **engine))
+    check_pair(gate_record, reference, *run_pair(make_llm, workload, **engine))
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_emit_counts_with_every_refusal_kind_and_preemption(make_llm, gate_record, drafter):
+def test_emit_counts_with_every_refusal_kind_and_preemption(make_llm, gate_record, reference, drafter):
     engine = dict(spec=drafter, num_spec_tokens=3, **MIXED_REFUSALS_ENGINE)
     gate_record.case(drafter=drafter, workload="mixed refusals", k=3)
     sync, async_ = run_pair(make_llm, MIXED_REFUSALS, **engine)
     assert sync.num_preemptions and async_.num_preemptions, "the cache never filled: no preemption"
-    check_pair(gate_record, sync, async_)
+    check_pair(gate_record, reference, sync, async_)
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_emit_counts_in_padded_graph_steps_with_every_slot_taken(make_llm, gate_record, drafter):
+def test_emit_counts_in_padded_graph_steps_with_every_slot_taken(make_llm, gate_record, reference, drafter):
     """Padding rows run alongside real ones and must touch no request's state slot."""
     gate_record.case(drafter=drafter, workload="graph padding", k=3)
     sync, async_ = run_pair(make_llm, GRAPH_PADDING, spec=drafter, num_spec_tokens=3, **GRAPH_PADDING_ENGINE)
     assert any(s.num_padding_rows for s in async_.trace), "no graph step was padded"
-    check_pair(gate_record, sync, async_)
+    check_pair(gate_record, reference, sync, async_)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_record, reference, drafter):
+    """Verify steps near the end of the context: the last step may carry drafts past it (on KV
+    blocks of 8 tokens, the one gate engine off the default 16)."""
+    gate_record.case(drafter=drafter, workload="context limit", k=4, **CONTEXT_LIMIT_ENGINE)
+    sync, async_ = run_pair(make_llm, CONTEXT_LIMIT, spec=drafter, num_spec_tokens=4, **CONTEXT_LIMIT_ENGINE)
+    check_pair(gate_record, reference, sync, async_)
+    assert any(o.finish_reason == "context" and len(o.prompt_token_ids) + len(o.token_ids) == sync.max_model_len
+               for o in sync.outputs), "no request reached max_model_len"

@@ -2,7 +2,9 @@
 
 Greedy: spec output equals plain greedy output token for token, for both drafters, both runners,
 the eager and the graph arm (on the CPU the padded graph plan run eagerly, on CUDA real graph
-replay), k up to 6, several requests with mixed arrivals, with and without preemption.
+replay), k up to 6, several requests with mixed arrivals, some with a logits processor, with and
+without preemption; and every greedy run also equals the naive reference decoder
+(gates/reference.py), tokens and finish reasons, which shares no code path with the engine.
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
 and whole sampled engine runs emit it too (randomized PIT of the tokens, and for the one-hot ngram
 drafter of its accept decisions, see gates/distribution.py), while the
@@ -16,33 +18,50 @@ from hypothesis import strategies as st
 
 from engine import SamplingParams
 from gates import distribution
+from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
+from engine.verify import verify
 from gates.compare import token_difference
 from gates.distribution import P_VALUE_THRESHOLD
-from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, run, workloads
+from gates.reference import reference_difference
+from gates.workloads import (DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run,
+                             workloads)
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
           "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
-          "sampled graph arm")
+          "sampled graph arm", "logits processor", "top-k bound", "top-p bound", "block drafter q checked",
+          "engine q negative control failed")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
+BINDING = SAMPLING["t0.8-topk20-topp0.9"]
+ENGINE_Q_ROUNDS = 20_000
 
 
 @pytest.fixture(scope="module")
 def plain_greedy(make_llm):
-    """Plain greedy output of every prompt; a shorter max_tokens gives a prefix of it."""
-    outs = make_llm(async_runner=False).generate(list(PROMPTS), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
-    return {p: o.token_ids for p, o in zip(PROMPTS, outs)}
+    """Plain greedy output of every prompt, without and with the logits processor, keyed
+    (prompt, has processor); a shorter max_tokens gives a prefix of it."""
+    llm = make_llm(async_runner=False)
+    out = {}
+    for processed in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                logits_processors=[no_immediate_repeat] if processed else [])
+        out |= {(p, processed): o.token_ids for p, o in zip(PROMPTS, llm.generate(list(PROMPTS), params))}
+    return out
 
 
-def check_greedy(make_llm, gate_record, plain_greedy, workload, **engine):
+def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **engine):
+    processed = workload.host_history or (False,) * workload.num_reqs
     for async_runner in (False, True):
         r = run(make_llm, workload, async_runner=async_runner, **engine)
         gate_record.case(**{k: v for k, v in engine.items() if v is not None}, async_runner=async_runner,
                          num_reqs=workload.num_reqs)
-        expected = {o.request_id: plain_greedy[p][:m] for o, p, m in
-                    zip(r.outputs, workload.prompts, workload.max_tokens)}
+        expected = {o.request_id: plain_greedy[p, h][:m] for o, p, m, h in
+                    zip(r.outputs, workload.prompts, workload.max_tokens, processed)}
         gate_record.check(token_difference(expected, r), f"{r.label()}: spec vs plain greedy")
+        gate_record.check(reference_difference(reference, r, r.max_model_len)[0],
+                          f"{r.label()}: spec vs the naive reference decoder")
+        gate_record.occurred("logits processor", any(processed))
         gate_record.occurred(engine["spec"])
         gate_record.occurred("async runner" if r.is_async else "sync runner")
         gate_record.occurred("num_reqs>1", max(s.num_reqs for s in r.trace) > 1)
@@ -54,19 +73,20 @@ def check_greedy(make_llm, gate_record, plain_greedy, workload, **engine):
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@given(workload=workloads(), k=st.integers(1, 6))
+@given(workload=workloads(host_history=None), k=st.integers(1, 6))
 @gate_settings(2)
-def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, drafter, graph, workload, k):
-    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4,
+def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, reference, drafter, graph, workload, k):
+    check_greedy(make_llm, gate_record, plain_greedy, reference, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4,
                  graph=graph)
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @given(workload=workloads(min_reqs=3, max_reqs=6, long_prompts=True, max_arrival=None), k=st.integers(1, 6))
 @gate_settings(3)
-def test_greedy_spec_equals_plain_under_preemption(make_llm, gate_record, plain_greedy, drafter, workload, k):
+def test_greedy_spec_equals_plain_under_preemption(make_llm, gate_record, plain_greedy, reference, drafter, workload,
+                                                   k):
     workload = Workload(workload.prompts, (MAX_TOKENS,) * workload.num_reqs, workload.arrival_steps)
-    check_greedy(make_llm, gate_record, plain_greedy, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=6,
+    check_greedy(make_llm, gate_record, plain_greedy, reference, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=6,
                  num_kv_blocks=18)
 
 
@@ -114,8 +134,13 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     for async_runner, graph in arms:
         llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
                        async_runner=async_runner, graph=graph, trace=graph or not async_runner)
+        recorder = DraftRecorder(llm)
         outs[async_runner, graph] = llm.generate(prompts, params)
         sync_llm = llm if not async_runner else sync_llm
+        if drafter == "block":  # the q verify was given is the q each draft was drawn from
+            gate_record.check(draft_q_difference(recorder.calls),
+                              f"{drafter} async_runner={async_runner} graph={graph}: stored draft q")
+            gate_record.occurred("block drafter q checked", bool(recorder.calls))
         gate_record.case(level="engine", drafter=drafter, sampling=sampling, async_runner=async_runner,
                          graph=graph, requests=len(prompts), tokens=SAMPLED_TOKENS)
         gate_record.occurred("async runner" if async_runner else "sync runner")
@@ -128,6 +153,11 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     drafted = sum(o.stats.num_draft_tokens for o in outs[False])
     accepted = sum(o.stats.num_accepted_tokens for o in outs[False])
     gate_record.occurred("sampled drafts accepted and rejected", 0 < accepted < drafted)
+    if "top_k" in SAMPLING[sampling]:
+        bound = binding_steps(sync_llm.model, outs[False], params)
+        gate_record.measure(drafter=drafter, sampling=sampling, binding_steps=bound)
+        gate_record.occurred("top-k bound", bound["top_k"] > 0)
+        gate_record.occurred("top-p bound", bound["top_p"] > 0)
     tests = engine_p_values(sync_llm, outs[False], params, drafter)
     gate_record.measure(drafter=drafter, sampling=sampling, draft_tokens=drafted, accepted=accepted,
                         tests={name: {"values": n, "p_value": pv} for name, (n, pv) in tests.items()})
@@ -152,3 +182,29 @@ def test_negative_control_lossy_engine_fails_the_distribution_test(make_llm, gat
     assert min(pv for _, pv in tests.values()) < P_VALUE_THRESHOLD, \
         f"the lossy verify passed every distribution test: {tests}"
     gate_record.occurred("negative control failed")
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["verify", "negative-control"])
+def test_verify_with_the_block_drafters_own_q_emits_the_target_distribution(make_llm, gate_record, lossy):
+    """One verify row of a real run at binding temperature/top-k/top-p (the target's logits there,
+    the block drafter's q with its zero-mass tail), verified ENGINE_Q_ROUNDS times."""
+    llm = make_llm(spec="block", num_spec_tokens=3, async_runner=False)
+    recorder = DraftRecorder(llm)
+    llm.generate(list(PROMPTS[:4]), SamplingParams(max_tokens=12, seed=1, ignore_eos=True, **BINDING))
+    target_logits, q, params = telling_verify_row(llm.model, recorder.calls)
+    assert params == pytest.approx(BINDING), f"the recorded row's sampling parameters {params} are not {BINDING}"
+    support = int((q[0] > 0).sum())
+    gate_record.case(level="verify", drafter="block q", lossy=lossy, rounds=ENGINE_Q_ROUNDS, q_support=support,
+                     **BINDING)
+    results = engine_q_p_values(target_logits, q, params["temperature"], params["top_k"], params["top_p"],
+                                ENGINE_Q_ROUNDS, distribution.wrong_q_verify if lossy else verify)
+    assert all(n >= 500 for n, _ in results), f"a position was rarely reached: {results}"
+    gate_record.measure(lossy=lossy, q_support=support, positions=[{"rounds": n, "p_value": pv} for n, pv in results])
+    assert support < q.shape[-1], "top-k/top-p did not cut the drafter's q"
+    worst = min(pv for _, pv in results)
+    if lossy:
+        assert worst < P_VALUE_THRESHOLD, f"the negative control passed the test: {results}"
+        gate_record.occurred("engine q negative control failed")
+    else:
+        gate_record.evidence(positions=results)
+        assert worst > P_VALUE_THRESHOLD, f"verify with the drafter's q is not distributed as the target: {results}"

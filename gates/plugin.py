@@ -6,6 +6,9 @@ measurements, and which claimed situations occurred. At the end it decides each 
 (gates/report.py), prints a table, writes the results to --gates-report, and fails the session
 when a gate is red or errored, also one whose tests all passed (zero cases, a claim that never
 occurred).
+
+Over 300 lines because the options, the per-gate record and the hooks that judge and report it
+share one session's state, which pytest hands to a plugin module.
 """
 import json
 import os
@@ -144,6 +147,7 @@ class GateSession:
         if gate is not None:
             self.declared_claims[gate.name] = tuple(getattr(item.module, "CLAIMS", ()))
             self._test_of(item)
+            _coverage_context(gate.name)
         try:
             return (yield)
         finally:
@@ -217,6 +221,15 @@ class GateSession:
                 "tests": [{"nodeid": t["nodeid"], "outcome": t["outcome"], "message": t["message"],
                            "seconds": round(t["seconds"], 3), "cases": len(t["cases"])} for t in tests],
                 "seconds": round(sum(t["seconds"] for t in tests), 3)}
+
+
+def _coverage_context(name: str) -> None:
+    """Under `gates run --coverage` (gates/reach.py), what runs next counts for gate `name`."""
+    if os.environ.get("SPECGATE_COVERAGE"):
+        import coverage
+        cov = coverage.Coverage.current()
+        if cov is not None:
+            cov.switch_context(name)
 
 
 def _new_test(nodeid: str) -> dict:

@@ -31,6 +31,9 @@ PROMPTS = (
 )
 LONG_PROMPTS = tuple(p for p in PROMPTS if len(p) > 60)
 MAX_TOKENS = 40
+# stop_token_ids for the stop-rule workloads: bytes the fixture target emits now and then in
+# code, neither so often that every request ends at once nor so rarely that none stops.
+STOP_TOKENS = tuple(map(ord, "e(:=r"))
 
 
 def drafter_skips(target_dir, drafter_dir) -> dict[str, str]:
@@ -72,7 +75,7 @@ def params(workload: Workload) -> list:
 @st.composite
 def workloads(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = False,
               min_tokens: int = 1, host_history: bool | None = False,
-              max_arrival: int | None = 6) -> Workload:
+              max_arrival: int | None = 6, stop_rules: bool = False) -> Workload:
     n = draw(st.integers(min_reqs, max_reqs))
     pool = LONG_PROMPTS if long_prompts else PROMPTS
     prompts = tuple(draw(st.sampled_from(pool)) for _ in range(n))
@@ -82,7 +85,11 @@ def workloads(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = F
         processors = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
     else:
         processors = (host_history,) * n
-    return Workload(prompts, max_tokens, arrivals, processors)
+    if not stop_rules:
+        return Workload(prompts, max_tokens, arrivals, processors)
+    stops = tuple(tuple(draw(st.lists(st.sampled_from(STOP_TOKENS), max_size=2))) for _ in range(n))
+    ignore_eos = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    return Workload(prompts, max_tokens, arrivals, processors, stop_token_ids=stops, ignore_eos=ignore_eos)
 
 
 # Arrivals during decode (prefill refusals), a cache too small for four requests (resumed
@@ -99,6 +106,14 @@ GRAPH_PADDING = Workload(prompts=tuple(PROMPTS[i] for i in (3, 7, 2, 4)), max_to
                          arrival_steps=(0, 0, 0, 0))
 GRAPH_PADDING_ENGINE = dict(max_num_seqs=4, graph=True)
 
+# A context the three long prompts (85, 74 and 73 tokens) reach within MAX_TOKENS while spec
+# decoding, the short one (10 tokens) not: finishes by max_model_len beside one by max_tokens.
+# KV blocks of 8 tokens, the only gate engine not on the default 16.
+# The fifth prompt is given as token ids, one token: a history shorter than every ngram size.
+CONTEXT_LIMIT = Workload(prompts=(*(PROMPTS[i] for i in (6, 2, 4, 0)), (40,)), max_tokens=(MAX_TOKENS,) * 5,
+                         arrival_steps=(0, 0, 2, 1, 0))
+CONTEXT_LIMIT_ENGINE = dict(max_model_len=96, max_num_seqs=4, block_size=8)  # KV pages of 8, not 16
+
 
 @dataclass
 class Run:
@@ -109,6 +124,7 @@ class Run:
     outputs: list
     trace: list
     routes: set = field(default_factory=set)
+    max_model_len: int = 0
 
     @property
     def final_len(self) -> dict[int, int]:
@@ -126,7 +142,8 @@ class Run:
 def run(make_llm, workload: Workload, **engine) -> Run:
     llm = make_llm(trace=True, **engine)
     outputs = llm.generate(workload.prompt_list(), params(workload), arrival_steps=workload.arrivals())
-    return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace})
+    return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace},
+               llm.config.max_model_len)
 
 
 def run_pair(make_llm, workload: Workload, **engine) -> tuple[Run, Run]:

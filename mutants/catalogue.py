@@ -137,6 +137,28 @@ DEFECTS = (
            "reads its accepted count (int(tensor), for a progress line), so on a GPU it waits for every "
            "step before planning the next; no-sync's host-read hook shows it on the CPU too.",
            ("no-sync",), token_invisible=True),
+    # ---- paths both sides of every differential comparison share (the absolute reference) -------
+    Defect("stop-token-ids-ignored",
+           "A request's stop_token_ids are never checked in the finish rule that plain, spec, sync and async "
+           "share, so it runs on to max_tokens; every differential comparison agrees with itself and only the "
+           "reference decoder sees the tokens past the stop (no gate workload set stop_token_ids before).",
+           ("emit-count",)),
+    Defect("context-limit-off-by-one",
+           "The context-limit finish is off by one in the shared finish rule: a request ends only past "
+           "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "
+           "knows where the context ends.",
+           ("emit-count",)),
+    # ---- the sampled path at binding temperature, top-k and top-p --------------------------------
+    Defect("draft-q-before-top-k-top-p",
+           "The block drafter hands verify q taken before top-k/top-p (softmax of logits / T over the whole "
+           "vocabulary) while its drafts were drawn from the cut q: the acceptance ratio and the residual use "
+           "a q the drafts did not come from (lossy wherever top-k or top-p binds).",
+           ("lossless",)),
+    Defect("verify-p-ignores-top-k-top-p",
+           "Verify processes p with temperature only, while the drafter's q is cut by top-k and top-p: the "
+           "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
+           "the cuts bind, which the verify chi-square with its own q never made them do).",
+           ("lossless",)),
 )
 
 

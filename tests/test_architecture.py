@@ -90,4 +90,4 @@ def opening_text(source: str) -> str:
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_a_file_over_300_lines_says_why_in_its_opening(path):
     assert REASON in opening_text(path.read_text()), \
-        f"{rel} has {len(path.read_text().splitlines())} lines: split it, or say '{REASON} ...' at its top"
+        f"{path.relative_to(REPO)} has {len(path.read_text().splitlines())} lines: split it, or say '{REASON} ...' at its top"

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from gates.compare import runs_difference
 from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
 from gates.reference import reference_difference
-from gates.workloads import (CONTEXT_LIMIT, CONTEXT_LIMIT_ENGINE, DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE,
-                             MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, gate_settings, params, run_pair, workloads)
+from gates.workloads import (CONTEXT_LIMIT, DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE,
+                             MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, context_limit_engine, gate_settings, params, run_pair,
+                             workloads)
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts rejected",
           "async emitted more than one token in a step", "preemption", "graph arm",
@@ -95,8 +96,9 @@ def test_emit_counts_in_padded_graph_steps_with_every_slot_taken(make_llm, gate_
 def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_record, reference, drafter):
     """Verify steps near the end of the context: the last step may carry drafts past it (on KV
     blocks of 8 tokens, the one gate engine off the default 16)."""
-    gate_record.case(drafter=drafter, workload="context limit", k=4, **CONTEXT_LIMIT_ENGINE)
-    sync, async_ = run_pair(make_llm, CONTEXT_LIMIT, spec=drafter, num_spec_tokens=4, **CONTEXT_LIMIT_ENGINE)
+    engine = context_limit_engine(make_llm().tokenizer)
+    gate_record.case(drafter=drafter, workload="context limit", k=4, **engine)
+    sync, async_ = run_pair(make_llm, CONTEXT_LIMIT, spec=drafter, num_spec_tokens=4, **engine)
     check_pair(gate_record, reference, sync, async_)
     assert any(o.finish_reason == "context" and len(o.prompt_token_ids) + len(o.token_ids) == sync.max_model_len
                for o in sync.outputs), "no request reached max_model_len"

@@ -201,8 +201,10 @@ class GateSession:
     def gate_result(self, gate: Gate) -> dict:
         tests = list(self.tests[gate.name].values())
         claims, seen = self.declared_claims.get(gate.name, ()), self.claims[gate.name]
-        # A claim named after a drafter the gates skip on this target is not demanded; why is reported.
-        waived = {c: why for c, why in self.skipped_drafters().items() if c in claims} if tests else {}
+        # A claim about a drafter the gates skip on this target (the drafter's name, or a claim
+        # starting "<drafter> drafter ...") is not demanded; why is reported.
+        waived = {c: why for d, why in self.skipped_drafters().items() for c in claims
+                  if c == d or c.startswith(f"{d} drafter ")} if tests else {}
         status, reason = verdicts.verdict(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
                                           has_cuda(), waived)
         evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,

@@ -5,6 +5,7 @@ Which defects prove each gate is handed in (`proven_against`, gate -> defect nam
 that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
 catalogue and lists none.
 """
+import os
 import sys
 from collections.abc import Mapping
 
@@ -30,6 +31,9 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
+    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                     help="pytest processes at once (default: the CPU count); each gate runs whole in one, "
+                     "the timed gates (speed-ab, busy) alone after the others, so the report does not depend on N")
     run.set_defaults(func=cmd_run)
     gates.set_defaults(proven_against=dict(proven_against or {}))
     verdict = sub.add_parser("verdict", help="LIFT or KEEP the async-runner veto, with reasons, from gate "
@@ -49,6 +53,9 @@ def cmd_list(args) -> int:
 
 def cmd_run(args) -> int:
     from gates.run import run_gates
+    if args.jobs < 1:
+        print("specgate: error: --jobs must be at least 1", file=sys.stderr)
+        return 2
     try:
         gates = by_name(args.names)
     except KeyError as e:
@@ -57,7 +64,7 @@ def cmd_run(args) -> int:
     if args.cpu_only:
         gates = [g for g in gates if g.needs == "cpu"]
     result = run_gates(gates, args.json, args.junit, deep=args.deep, model=args.model,
-                       drafter=args.drafter, device=args.device, proven_against=args.proven_against,
+                       drafter=args.drafter, device=args.device, proven_against=args.proven_against, jobs=args.jobs,
                        pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
     print(report.table(result["gates"]))
     counts = result["summary"]

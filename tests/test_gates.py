@@ -3,6 +3,7 @@ JUnit. That every gate's checks go red on a doctored trace is tests/test_gate_ch
 import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,43 @@ def harness_run(tmp_path_factory):
     json_path, junit_path = tmp / "gates.json", tmp / "gates.xml"
     result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True)
     return result, json.loads(json_path.read_text()), ET.parse(junit_path)
+
+
+@pytest.mark.slow
+def test_gates_run_in_parallel_give_the_serial_report(harness_run, tmp_path):
+    """`--jobs 2` spreads the gates over two pytest processes and runs busy (timed) alone after
+    them; each gate's result, the summary and the JUnit suites equal the one-process run's."""
+    from gates.run import plan, run_gates
+    serial, _, serial_xml = harness_run
+    gates = [registry.Gate(g["name"], Path(g["module"]).stem, g["purpose"], g["needs"], Path(g["module"]))
+             if g["name"].startswith("fake-") else registry.by_name([g["name"]])[0] for g in serial["gates"]]
+    phases = plan(gates, 2)
+    assert len(phases) == 2 and len(phases[0]) == 2 and [g.name for g in phases[1][0]] == ["busy"]
+    parallel = run_gates(gates, None, str(tmp_path / "gates.xml"), quiet=True, jobs=2)
+
+    def comparable(result):
+        return [{**{k: v for k, v in g.items() if k != "seconds"},
+                 "tests": [{k: v for k, v in t.items() if k != "seconds"} for t in g["tests"]]}
+                for g in result["gates"]]
+    assert comparable(parallel) == comparable(serial)
+    assert parallel["summary"] == serial["summary"] and parallel["exit_status"] == serial["exit_status"]
+    suites = [s.get("name") for s in ET.parse(tmp_path / "gates.xml").getroot().findall("testsuite")]
+    assert suites == [s.get("name") for s in serial_xml.getroot().findall("testsuite")]
+
+
+def test_plan_balances_untimed_gates_and_runs_timed_ones_alone():
+    from gates import timings
+    from gates.run import plan
+    gates = registry.by_name([])
+    known = {"lossless": 40.0, "combine": 10.0, "emit-count": 12.0, "predicate-split": 15.0}
+    phases = plan(gates, 2, known)
+    untimed, timed = phases
+    assert [g.name for g in timed[0]] == [g.name for g in gates if g.timed] == ["speed-ab", "busy"]
+    assert sorted(g.name for group in untimed for g in group) == sorted(g.name for g in gates if not g.timed)
+    totals = sorted(sum(timings.estimate(g.name, known) for g in group) for group in untimed)
+    assert len(untimed) == 2 and totals[1] - totals[0] <= min(timings.estimate(g.name, known) for g in gates if not g.timed)
+    assert plan(gates, 1, known) == [[gates]]  # one process, registry order: what prove's trees run
+    assert plan(gates, 2, known) == phases  # deterministic
 
 
 @pytest.mark.slow

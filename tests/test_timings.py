@@ -1,0 +1,25 @@
+"""The gates' measured-seconds cache (gates/timings.py): it orders and groups work, never decides."""
+from gates import timings
+
+
+def test_balance_puts_the_slowest_first_and_evens_the_bins():
+    costs = [("a", 40.0), ("b", 15.0), ("c", 12.0), ("d", 10.0), ("e", 8.0), ("f", 4.0)]
+    bins = timings.balance(costs, 2)
+    assert bins == [["a", "f"], ["b", "c", "d", "e"]]  # 44 s and 45 s
+    assert timings.balance(costs, 3) == [["a"], ["b", "e"], ["c", "d", "f"]]
+    assert sorted(k for b in timings.balance(costs, 4) for k in b) == sorted(k for k, _ in costs)
+    assert timings.balance([("x", 1.0)], 4) == [["x"]]
+    assert timings.balance([("y", 1.0), ("x", 1.0)], 1) == [["x", "y"]]  # ties by key: deterministic
+
+
+def test_the_cache_merges_and_survives_a_bad_file(tmp_path):
+    path = tmp_path / "build" / "gate-seconds.json"
+    assert timings.load(path) == {}
+    timings.record({"lossless": 41.234}, path)
+    timings.record({"combine": 9.0}, path)
+    assert timings.load(path) == {"lossless": 41.23, "combine": 9.0}
+    assert timings.estimate("lossless", timings.load(path)) == 41.23
+    assert timings.estimate("busy", {}) == timings.STATIC_SECONDS["busy"]
+    assert timings.estimate("a-new-gate", {}) == timings.UNKNOWN_SECONDS
+    path.write_text("not json")
+    assert timings.load(path) == {}

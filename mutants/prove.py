@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from gates import timings
 from gates.registry import GATES, has_cuda
 from mutants import matrix
 from mutants.apply import StalePatch, copy_tree, patched_files
@@ -70,6 +71,14 @@ def stale_check(defects: list[Defect], base: Path) -> dict[str, str]:
     return stale
 
 
+def schedule(tasks: list[tuple], seconds: dict[str, float]) -> list[tuple]:
+    """Trees (label, defect, gate names, device) in the order they start: the longest first, by
+    the sum of their gates' last measured seconds (gates/timings.py: build/gate-seconds.json, else
+    a static estimate), so the long trees do not start last and leave one job running alone at the
+    end. Ties keep the catalogue's order."""
+    return sorted(tasks, key=lambda t: -sum(timings.estimate(g, seconds) for g in t[2]))
+
+
 def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo: Path = REPO,
           cuda: bool | None = None, command=gate_command, gate_needs: dict[str, str] | None = None) -> Proof:
     """Run the proof of `defects` on a snapshot of `repo`. The rest are seams for tests: `cuda`
@@ -96,7 +105,7 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
                 runs[d.name] = TreeRun(d.name, NEEDS_CUDA, detail="needs CUDA; this machine has none")
             else:
                 tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
-        tasks.sort(key=lambda t: t[0] != CLEAN)  # the longest first: the clean tree runs every gate
+        tasks = schedule(tasks, timings.load())
         bar = _progress(len(tasks), options.progress)
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
@@ -118,6 +127,9 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
             pool.shutdown(wait=True)
             if bar is not None:
                 bar.close()
+    if clean is not None and clean.status == RAN and command is gate_command and repo == REPO:
+        # the clean tree ran every gate unplanted: its seconds order the next proof's trees
+        timings.record({g: r["seconds"] for g, r in clean.gates.items() if r["status"] != matrix.SKIPPED})
     return matrix.judge(defects, runs, clean, gate_needs, cuda, options.complete, time.perf_counter() - t0)
 
 

@@ -23,3 +23,17 @@ def test_the_cache_merges_and_survives_a_bad_file(tmp_path):
     assert timings.estimate("a-new-gate", {}) == timings.UNKNOWN_SECONDS
     path.write_text("not json")
     assert timings.load(path) == {}
+
+
+def test_prove_starts_the_longest_trees_first():
+    """Trees are ordered by the sum of their gates' last measured seconds, estimates where none."""
+    from mutants.prove import schedule
+    tasks = [("clean", None, ["lossless", "combine", "reason-a"], "cpu"),
+             ("a", None, ["reason-a"], "cpu"),
+             ("b", None, ["combine", "lossless"], "cpu"),
+             ("c", None, ["predicate-split"], "cpu"),
+             ("d", None, ["busy"], "cpu")]
+    measured = {"lossless": 30.0, "combine": 5.0, "reason-a": 2.0, "predicate-split": 50.0}
+    assert [t[0] for t in schedule(tasks, measured)] == ["c", "clean", "b", "a", "d"]
+    assert [t[0] for t in schedule(tasks, {"predicate-split": 1.0})][-2:] == ["c", "d"]
+    assert [t[0] for t in schedule(tasks, {})][0] == "clean"  # the static estimates alone

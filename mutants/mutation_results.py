@@ -22,11 +22,15 @@ class Equivalent:
     name: str
     mutated: str  # the mutant's changed line: an entry goes stale when mutmut renumbers
     reason: str
+    # mutmut's hash of the function when it was reviewed: while it is unchanged the mutant is not
+    # re-run (mutants/mutation_shard.py); absent, the mutant is re-run every time
+    function_hash: str | None = None
 
 
 def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
-                 staging: Path = STAGING) -> list[MutantRecord]:
-    """The mutants mutmut knows in the staging folder (only those matching `patterns`, if any)."""
+                 staging: Path = STAGING, names: set[str] | None = None) -> list[MutantRecord]:
+    """The mutants mutmut knows in the staging folder (only those matching `patterns`, if any,
+    and only those in `names`, if given)."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
     from mutmut.utils.format_utils import mangled_name_from_mutant_name, orig_function_and_class_names_from_key
@@ -38,7 +42,7 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
         meta = json.loads(meta_path.read_text())
         mutated_source = (work / path).read_text()
         for name, code in sorted(meta["exit_code_by_key"].items()):
-            if not matches(name, patterns):
+            if (names is not None and name not in names) or not matches(name, patterns):
                 continue
             function, cls = orig_function_and_class_names_from_key(name)
             diff = get_diff_for_mutant(name, source=mutated_source, path=path)
@@ -51,6 +55,21 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
                 covered_by=tuple(sorted(covered.get(mangled_name_from_mutant_name(name), ()))),
                 seconds=meta["durations_by_key"].get(name), equivalent=reason))
     return records
+
+
+def valid_cached(hashes: dict[str, str], staging: Path = STAGING) -> set[str]:
+    """Mutants whose verdict mutmut holds for the function as it is now (mutmut resets the others
+    when it regenerates a changed function)."""
+    from mutmut.utils.format_utils import mangled_name_from_mutant_name
+    valid = set()
+    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+        meta = json.loads(meta_path.read_text())
+        function_hashes = meta.get("hash_by_function_name", {})
+        for name, code in meta["exit_code_by_key"].items():
+            function = mangled_name_from_mutant_name(name).rpartition(".")[2]
+            if code is not None and name in hashes and function_hashes.get(function) == hashes[name]:
+                valid.add(name)
+    return valid
 
 
 def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> dict[str, float | None]:
@@ -81,4 +100,4 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     bad = [e for e in entries if not (e.get("name") and e.get("mutated") is not None and e.get("reason"))]
     if bad:
         raise ValueError(f"{path.name}: every [[mutant]] needs name, mutated and reason; not {bad[0]}")
-    return {e["name"]: Equivalent(e["name"], e["mutated"], e["reason"]) for e in entries}
+    return {e["name"]: Equivalent(e["name"], e["mutated"], e["reason"], e.get("function_hash")) for e in entries}

@@ -65,11 +65,13 @@ def git(args: list[str], repo: Path) -> str:
     return proc.stdout
 
 
-def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING) -> int:
+def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING,
+               env: dict[str, str] | None = None) -> int:
     """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
-    output goes to log_path."""
+    output goes to log_path. `patterns`: mutmut names or patterns (each named mutant is re-tested)."""
     from tqdm import tqdm
-    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0")
+    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
+                    **(env or {}))
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
     bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5 if sys.stderr.isatty() else 30,
                dynamic_ncols=True, file=sys.stderr)

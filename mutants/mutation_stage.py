@@ -20,7 +20,7 @@ SOURCE = "engine"  # the code under mutation
 # mutants/ package are left out: in mutmut's working copy `mutants` is mutmut's folder.
 STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
 UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
-                  "test_architecture.py")
+                  "test_mutation_shards.py", "test_architecture.py", "test_timings.py")
 PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
 # exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`

@@ -22,7 +22,7 @@ from mutants.mutation_results import cached_verdicts, load_equivalents, matches,
 from mutants.mutation_shard import cuda_only, list_mutants, listing_digest, parse_shard, reviewed_unchanged
 from mutants.mutation_shard import shard as shard_of
 from mutants.mutation_run import changed_functions, git, run_mutmut
-from mutants.mutation_stage import REPO, SOURCE, STAGING, stage
+from mutants.mutation_stage import MUTATED_GATES, REPO, SOURCE, STAGING, stage
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
@@ -33,8 +33,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     commit = git(["rev-parse", "--short", "HEAD"], REPO).strip()
     report_dir.mkdir(parents=True, exist_ok=True)
     if since and not patterns:
-        print(f"mutate: no function in {SOURCE}/ changed since {since}; nothing to mutate")
-        print(f"mutation: 0 mutants (no {SOURCE}/ function changed since {since}); "
+        print(f"mutate: no mutated function ({SOURCE}/, the gates' checks) changed since {since}; nothing to mutate")
+        print(f"mutation: 0 mutants (no mutated function changed since {since}); "
               f"baseline test strength {_pct(load_baseline())}")
         return 0
     reset = stage()
@@ -56,7 +56,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     scope = ("the CUDA-only reviewed mutants" if cuda else f"shard {shard[0]}/{shard[1]}" if shard else
              f"mutants matching {', '.join(only)}" if only else
              f"{len(patterns)} functions changed since {since}" if since else "every function")
-    print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, {scope}: "
+    print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {STAGING.relative_to(REPO)}, "
+          f"{max_children} children, {scope}: "
           f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed and not "
           f"re-run (function unchanged), {len(cached_now & set(in_run))} from the cache", flush=True)
     cached = cached_verdicts([])
@@ -83,7 +84,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         if not run["complete"] or problems:
             print("mutate: --update-baseline needs a full run without problems", file=sys.stderr)
             return 1
-        if git(["status", "--porcelain", "--", SOURCE], REPO).strip():
+        if git(["status", "--porcelain", "--", SOURCE, *MUTATED_GATES], REPO).strip():
             print(f"mutate: --update-baseline needs {SOURCE}/ committed, so the baseline names the code it "
                   f"measured", file=sys.stderr)
             return 1

@@ -12,7 +12,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from mutants.mutation_report import MutantRecord
-from mutants.mutation_stage import REPO, SOURCE, STAGING
+from mutants.mutation_stage import REPO, SOURCES, STAGING
 
 EQUIVALENTS = REPO / "mutants" / "equivalent-mutants.toml"
 
@@ -37,7 +37,7 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
     work = staging / "mutants"  # mutmut's working copy
     covered = json.loads((work / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
     records = []
-    for meta_path in sorted((work / SOURCE).rglob("*.py.meta")):
+    for meta_path in sorted(m for source in SOURCES for m in (work / source).rglob("*.py.meta")):
         path = meta_path.relative_to(work).with_suffix("")
         meta = json.loads(meta_path.read_text())
         mutated_source = (work / path).read_text()
@@ -62,7 +62,7 @@ def valid_cached(hashes: dict[str, str], staging: Path = STAGING) -> set[str]:
     when it regenerates a changed function)."""
     from mutmut.utils.format_utils import mangled_name_from_mutant_name
     valid = set()
-    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+    for meta_path in (m for source in SOURCES for m in (staging / "mutants" / source).rglob("*.meta")):
         meta = json.loads(meta_path.read_text())
         function_hashes = meta.get("hash_by_function_name", {})
         for name, code in meta["exit_code_by_key"].items():
@@ -76,7 +76,7 @@ def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> dict[str, f
     """The mutants (matching `patterns`, if any) whose verdict mutmut already holds, with its
     duration: a mutant the run retests gets a new one, so the run's speed counts only those."""
     cached = {}
-    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+    for meta_path in (m for source in SOURCES for m in (staging / "mutants" / source).rglob("*.meta")):
         meta = json.loads(meta_path.read_text())
         cached.update({name: meta["durations_by_key"].get(name) for name, code in meta["exit_code_by_key"].items()
                        if code is not None and matches(name, patterns)})

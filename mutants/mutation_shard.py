@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from mutants.mutation_results import Equivalent
-from mutants.mutation_stage import SOURCE, STAGING
+from mutants.mutation_stage import SOURCES, STAGING, is_mutated
 
 CUDA_ONLY = "CUDA-only"
 _LIST_SCRIPT = """
@@ -28,7 +28,7 @@ from pathlib import Path
 from mutmut.mutation.file_mutation import mutate_file_contents
 from mutmut.utils.format_utils import get_mutant_name
 out = {}
-for path in sorted(Path(sys.argv[1]).rglob("*.py")):
+for path in map(Path, sys.argv[1:]):
     mutated = mutate_file_contents(str(path), path.read_text())
     hashes = mutated.hash_by_function_name
     for name in mutated.mutant_names:
@@ -39,9 +39,14 @@ json.dump(out, sys.stdout)
 
 def sources_digest(staging: Path = STAGING) -> str:
     h = hashlib.sha256()
-    for path in sorted((staging / SOURCE).rglob("*.py")):
+    for path in mutated_files(staging):
         h.update(str(path.relative_to(staging)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def mutated_files(staging: Path) -> list[Path]:
+    return sorted(p for source in SOURCES for p in (staging / source).rglob("*.py")
+                  if is_mutated(p.relative_to(staging).as_posix()))
 
 
 def list_mutants(staging: Path = STAGING) -> dict[str, str]:
@@ -51,7 +56,8 @@ def list_mutants(staging: Path = STAGING) -> dict[str, str]:
         cached = json.loads(cache.read_text())
         if cached.get("digest") == digest:
             return cached["mutants"]
-    proc = subprocess.run([sys.executable, "-c", _LIST_SCRIPT, SOURCE], cwd=staging, capture_output=True, text=True)
+    files = [str(p.relative_to(staging)) for p in mutated_files(staging)]
+    proc = subprocess.run([sys.executable, "-c", _LIST_SCRIPT, *files], cwd=staging, capture_output=True, text=True)
     if proc.returncode:
         raise ValueError(f"listing the mutants failed: {proc.stderr.strip().splitlines()[-1:]}")
     mutants = json.loads(proc.stdout)

@@ -102,7 +102,9 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
     assert not (staging / "mutants" / "catalogue.py").exists()
     config = tomllib.loads((staging / "pyproject.toml").read_text())["tool"]["mutmut"]
-    assert config["source_paths"] == ["engine"] and "mutants" not in config["also_copy"]
+    assert config["source_paths"] == ["engine", "gates"] and "mutants" not in config["also_copy"]
+    assert config["only_mutate"] == ["engine/*", *mutation_stage.MUTATED_GATES] and "gates" not in config["also_copy"]
+    assert all((REPO / path).is_file() for path in mutation_stage.MUTATED_GATES)
     assert config["timeout_multiplier"] < 15, "mutmut's default lets a hung mutant hold a core for long"
 
 

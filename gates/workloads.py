@@ -145,6 +145,6 @@ def observe_plans(llm, plans: list) -> None:
     execute = llm.runner.execute
 
     def observed(plan):
-        plans.append((plan.step, plan.arm, len(plan.requests), any(plan.is_prefill)))
+        plans.append((plan.step, plan.arm, len(plan.requests), any(row.is_prefill for row in plan.real_rows)))
         return execute(plan)
     llm.runner.execute = observed

@@ -33,7 +33,7 @@ def is_mutated(path: str) -> bool:
 # tests of the `specgate` command (it imports mutants/ to build its parser) and of the proof's order.
 STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
 UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
-                  "test_mutation_shards.py", "test_architecture.py", "test_timings.py", "test_cli_runner_flag.py")
+                  "test_mutation_shards.py", "test_architecture.py", "test_speed.py", "test_cli_runner_flag.py")
 PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
 # exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`

@@ -1,4 +1,6 @@
-"""The gates' measured-seconds cache (gates/timings.py): it orders and groups work, never decides."""
+"""What makes the harness fast without changing a verdict: the gates' measured-seconds cache
+(gates/timings.py), which orders and groups work and never decides; prove's longest-first order;
+and the Hypothesis profile that keeps examples the same under pytest-xdist."""
 from gates import timings
 
 
@@ -37,3 +39,12 @@ def test_prove_starts_the_longest_trees_first():
     assert [t[0] for t in schedule(tasks, measured)] == ["c", "clean", "b", "a", "d"]
     assert [t[0] for t in schedule(tasks, {"predicate-split": 1.0})][-2:] == ["c", "d"]
     assert [t[0] for t in schedule(tasks, {})][0] == "clean"  # the static estimates alone
+
+
+def test_the_ci_profile_draws_the_same_examples_on_any_xdist_worker():
+    """`make test` runs pytest -n N: each test's examples must depend on the test alone, not on
+    the worker, the order or an example database another worker wrote."""
+    from hypothesis import settings
+    for name in ("ci", "mutation"):
+        profile = settings.get_profile(name)
+        assert profile.derandomize and profile.database is None, name

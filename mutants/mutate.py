@@ -40,26 +40,34 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     reset = stage()
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
-    hashes = list_mutants()
-    if cuda:
-        in_run = [n for n in cuda_only(equivalents) if n in hashes]
-    elif shard:
-        in_run = shard_of(hashes, *shard)
+    if since:
+        # Every function in a --since run changed, so its mutmut hash did and no reviewed mutant
+        # of it can be skipped: the run names the patterns and needs no listing of every mutant.
+        hashes, in_run, not_rerun, to_test = None, None, set(), patterns
     else:
-        in_run = [n for n in hashes if matches(n, patterns)]
-    not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
+        hashes = list_mutants()
+        if cuda:
+            in_run = [n for n in cuda_only(equivalents) if n in hashes]
+        elif shard:
+            in_run = shard_of(hashes, *shard)
+        else:
+            in_run = [n for n in hashes if matches(n, patterns)]
+        not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
     complete = not (patterns or shard or cuda)
-    # Named mutants are always re-tested by mutmut: name only those without a valid verdict on a
-    # full run (keeping mutmut's cache), every one in the run's scope otherwise.
-    cached_now = valid_cached(hashes) if complete else set()
-    to_test = [n for n in in_run if n not in not_rerun and n not in cached_now]
+    if hashes is not None:
+        # Named mutants are always re-tested by mutmut: name only those without a valid verdict on
+        # a full run (keeping mutmut's cache), every one in the run's scope otherwise.
+        cached_now = valid_cached(hashes) & set(in_run) if complete else set()
+        to_test = [n for n in in_run if n not in not_rerun and n not in cached_now]
+        counts = (f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed "
+                  f"and not re-run (function unchanged), {len(cached_now)} from the cache")
+    else:
+        counts = "every mutant of them tested"
     scope = ("the CUDA-only reviewed mutants" if cuda else f"shard {shard[0]}/{shard[1]}" if shard else
              f"mutants matching {', '.join(only)}" if only else
              f"{len(patterns)} functions changed since {since}" if since else "every function")
     print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {STAGING.relative_to(REPO)}, "
-          f"{max_children} children, {scope}: "
-          f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed and not "
-          f"re-run (function unchanged), {len(cached_now & set(in_run))} from the cache", flush=True)
+          f"{max_children} children, {scope}: {counts}", flush=True)
     cached = cached_verdicts([])
     if to_test:
         rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log",
@@ -67,8 +75,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         if rc != 0:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r
-               for r in read_results([], equivalents, names=set(in_run))]
-    tested = set(to_test)
+               for r in read_results(patterns if in_run is None else [], equivalents,
+                                     names=None if in_run is None else set(in_run))]
+    tested = set(to_test) if hashes is not None else {r.name for r in records}
     run = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
                                 *([f"--since {since}"] if since and not only else []),
                                 *([f"--shard {shard[0]}/{shard[1]}"] if shard else []),
@@ -76,7 +85,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
            "commit": commit, "complete": complete, "wall_s": time.perf_counter() - t0,
            "max_children": max_children, "mode": "cuda-only" if cuda else "shard" if shard else "run",
            "shard": f"{shard[0]}/{shard[1]}" if shard else None,
-           "mutants_in_scope": len(hashes), "listing_digest": listing_digest(hashes),
+           "mutants_in_scope": len(hashes) if hashes is not None else None,
+           "listing_digest": listing_digest(hashes) if hashes is not None else None,
            "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
                              and r.name in cached)}
     summary, problems = _report(records, equivalents, run, report_dir)

@@ -128,14 +128,16 @@ def _report(records, equivalents, run: dict, report_dir: Path) -> tuple[dict, li
     wall, from_cache, complete = run["wall_s"], run["from_cache"], run["complete"]
     stale = stale_equivalents(records, equivalents, complete)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
-    extra = {**run, "wall_s": round(wall, 1), "tested": len(records) - from_cache,
-             "mutants_per_minute": round((len(records) - from_cache) / wall * 60, 1) if wall else None,
+    tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
+    extra = {**run, "wall_s": round(wall, 1), "tested": tested,
+             "mutants_per_minute": round(tested / wall * 60, 1) if wall else None,
              "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
     summary = summarise(records)
     problems = ratchet(summary, load_baseline(), complete, stale, defer=run.get("mode") != "run")
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
     print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
-          f"({extra['mutants_per_minute']} per minute) and {from_cache} from the cache; "
+          f"({extra['mutants_per_minute']} per minute), {from_cache} from the cache and "
+          f"{len(records) - tested - from_cache} reviewed, not re-run; "
           f"reports: " + ", ".join(str(p) for p in paths.values()))
     for p in problems:
         print(f"mutate: FAIL: {p}")

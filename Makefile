@@ -21,7 +21,7 @@ $(STAMP):
 	touch $@
 
 test: venv
-	$(PY) -m pytest tests -n $(JOBS)
+	$(PY) -m pytest tests -n $(JOBS) --dist loadgroup
 	$(MAKE) prove
 
 # Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.

@@ -131,3 +131,24 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
         args = ap.parse_args(argv)  # the workflow's commands parse with the real options
         assert args.command == "mutate"
     assert mutation_shard.parse_shard(f"{count}/{count}") == (count, count)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shard", "5/4"], "need 1 <= I <= N"),
+    (["--shard", "two/4"], "expected I/N"),
+    (["--shard", "1/4", "--since", "HEAD"], "take no --since"),
+    (["--shard", "1/4", "--cuda-only"], "take no --since"),
+    (["--cuda-only", "--update-baseline"], "take no --since"),
+    (["merge"], "usage: specgate mutate merge"),
+    (["nonsense", "dir"], "usage: specgate mutate merge"),
+])
+def test_bad_shard_cuda_and_merge_arguments_exit_2_with_a_clear_error(capsys, args, message):
+    from specgate_cli import main
+    assert main(["mutate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_merge_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
+    from specgate_cli import main
+    assert main(["mutate", "merge", str(tmp_path)]) == 2
+    assert "not a mutation report folder" in capsys.readouterr().err

@@ -79,6 +79,28 @@ def schedule(tasks: list[tuple], seconds: dict[str, float]) -> list[tuple]:
     return sorted(tasks, key=lambda t: -sum(timings.estimate(g, seconds) for g in t[2]))
 
 
+def clean_parts(gates: list[str], jobs: int, seconds: dict[str, float]) -> list[tuple[str, list[str]]]:
+    """The clean tree's gates as (label, gates) tasks: one, or with several jobs as many parts,
+    balanced by the gates' last seconds, so the clean tree (every gate) is not one long task that
+    the others wait on."""
+    if jobs <= 1 or len(gates) <= 1:
+        return [(CLEAN, list(gates))]
+    parts = timings.balance(((g, timings.estimate(g, seconds)) for g in gates), jobs)
+    order = {g: i for i, g in enumerate(gates)}
+    return [(f"{CLEAN} part {i + 1} of {len(parts)}", sorted(part, key=order.get)) for i, part in enumerate(parts)]
+
+
+def merge_clean(parts: list[TreeRun]) -> TreeRun:
+    """One clean-tree run from its parts: every gate's result; not RAN if a part did not run;
+    its seconds the sum of the parts' (the gate time it cost)."""
+    if len(parts) == 1 and parts[0].tree == CLEAN:
+        return parts[0]
+    failed = next((p for p in parts if p.status != RAN), None)
+    gates = {g: r for p in parts for g, r in p.gates.items()}
+    detail = "\n".join(f"{p.tree}: {p.detail}" for p in parts if p.detail)
+    return TreeRun(CLEAN, failed.status if failed else RAN, gates, round(sum(p.seconds for p in parts), 1), detail)
+
+
 def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo: Path = REPO,
           cuda: bool | None = None, command=gate_command, gate_needs: dict[str, str] | None = None) -> Proof:
     """Run the proof of `defects` on a snapshot of `repo`. The rest are seams for tests: `cuda`
@@ -97,7 +119,8 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
         work = Path(tmp)
         base = copy_tree(repo, work / "snapshot")
         stale = stale_check(defects, base)
-        tasks = [(CLEAN, None, all_gates, device)]
+        seconds = timings.load()
+        tasks = [(label, None, part, device) for label, part in clean_parts(all_gates, jobs, seconds)]
         for d in defects:
             if d.name in stale:
                 runs[d.name] = TreeRun(d.name, STALE, detail=stale[d.name])
@@ -105,15 +128,16 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
                 runs[d.name] = TreeRun(d.name, NEEDS_CUDA, detail="needs CUDA; this machine has none")
             else:
                 tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
-        tasks = schedule(tasks, timings.load())
+        tasks = schedule(tasks, seconds)
         bar = _progress(len(tasks), options.progress)
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
             futures = {pool.submit(prover.run_tree, base, work, *task): task[0] for task in tasks}
+            parts = []
             for future in as_completed(futures):
                 run = future.result()
-                if run.tree == CLEAN:
-                    clean = run
+                if run.tree.startswith(CLEAN):
+                    parts.append(run)
                 else:
                     runs[run.tree] = run
                 if bar is not None:
@@ -127,6 +151,7 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
             pool.shutdown(wait=True)
             if bar is not None:
                 bar.close()
+        clean = merge_clean(parts) if parts else None
     if clean is not None and clean.status == RAN and command is gate_command and repo == REPO:
         # the clean tree ran every gate unplanted: its seconds order the next proof's trees
         timings.record({g: r["seconds"] for g, r in clean.gates.items() if r["status"] != matrix.SKIPPED})

@@ -48,3 +48,22 @@ def test_the_ci_profile_draws_the_same_examples_on_any_xdist_worker():
     for name in ("ci", "mutation"):
         profile = settings.get_profile(name)
         assert profile.derandomize and profile.database is None, name
+
+
+def test_the_clean_tree_is_split_into_balanced_parts_and_merged_back():
+    from mutants.matrix import CLEAN, RAN, TIMEOUT, TreeRun
+    from mutants.prove import clean_parts, merge_clean
+    gates = ["lossless", "combine", "emit-count", "reason-a", "predicate-split"]
+    measured = {"lossless": 40.0, "combine": 10.0, "emit-count": 12.0, "reason-a": 4.0, "predicate-split": 15.0}
+    assert clean_parts(gates, 1, measured) == [(CLEAN, gates)]
+    parts = clean_parts(gates, 2, measured)
+    assert [label for label, _ in parts] == [f"{CLEAN} part 1 of 2", f"{CLEAN} part 2 of 2"]
+    assert sorted(g for _, part in parts for g in part) == sorted(gates)
+    assert [part for _, part in parts] == [["lossless"], ["combine", "emit-count", "reason-a", "predicate-split"]]
+    runs = [TreeRun(parts[0][0], RAN, {"lossless": {"status": "green"}}, 40.0),
+            TreeRun(parts[1][0], RAN, {"combine": {"status": "red"}}, 10.0)]
+    merged = merge_clean(runs)
+    assert (merged.tree, merged.status, merged.seconds) == (CLEAN, RAN, 50.0)
+    assert merged.gates == {"lossless": {"status": "green"}, "combine": {"status": "red"}}
+    timed_out = merge_clean([runs[0], TreeRun(parts[1][0], TIMEOUT, detail="ran past 900 s")])
+    assert timed_out.status == TIMEOUT and "part 2 of 2: ran past 900 s" in timed_out.detail

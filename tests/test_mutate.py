@@ -190,7 +190,8 @@ def test_equivalents_need_a_reason_and_go_stale_when_the_mutant_changes(tmp_path
 
 def test_the_committed_equivalents_and_baseline_are_well_formed():
     for eq in mutation_results.load_equivalents().values():
-        assert eq.name.startswith("engine.") and "__mutmut_" in eq.name and len(eq.reason) > 10
+        assert eq.name.startswith(("engine.", "gates.")) and "__mutmut_" in eq.name and len(eq.reason) > 10
+        assert eq.function_hash is None or len(eq.function_hash) == 12
     baseline = mutation_ratchet.load_baseline()
     assert baseline is None or 0 < baseline <= 1
 

@@ -8,6 +8,8 @@ export OMP_NUM_THREADS ?= 1
 # Processes at once: pytest-xdist workers for `make test`, gate processes for `make gates`,
 # trees for `make prove` (README, "Speed").
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# JOBS=1: the test suite in this process (-n 0), without xdist workers.
+XDIST = $(if $(filter 1,$(JOBS)),-n 0,-n $(JOBS) --dist loadgroup)
 
 .PHONY: venv test prove gates gate gates-deep mutate fixtures bench-cpu clean
 
@@ -21,7 +23,7 @@ $(STAMP):
 	touch $@
 
 test: venv
-	$(PY) -m pytest tests -n $(JOBS) --dist loadgroup
+	$(PY) -m pytest tests $(XDIST)
 	$(MAKE) prove
 
 # Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.

@@ -145,8 +145,10 @@ def markdown(records: Iterable[MutantRecord], summary: dict) -> str:
            *(f"| {s} | {summary[s.replace(' ', '_')]} |" for s in STATUSES), f"| **total** | {summary['total']} |", "",
            f"## Survivors: {len(unexplained)} unexplained, {len(equivalent)} reviewed equivalent", ""]
     out += [line for r in unexplained for line in _entry(r, None)]
-    out += [line for r in equivalent for line in _entry(r, ("Reviewed, not re-run (function unchanged). " if r.not_rerun
-                                                            else "") + f"Reviewed equivalent: {r.equivalent}")]
+    for r in equivalent:
+        note = ("Reviewed, not re-run (function unchanged). " if r.not_rerun else "") + \
+            f"Reviewed equivalent: {r.equivalent}"
+        out += _entry(r, note)
     out += [f"## Run failures: {len(failures)}", "", *([] if failures else ["None.", ""])]
     out += [line for r in failures for line in _entry(r, f"**{r.status}**: {REASONS[r.status]}")]
     return "\n".join(out).rstrip("\n") + "\n"
@@ -177,7 +179,8 @@ def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sourc
     paths = {"summary": out / "summary.json", "stryker": out / "mutation-report.json",
              "markdown": out / "survivors.md", "html": out / "mutation-report.html", "records": out / "records.json"}
     # every record as read, for `specgate mutate merge`
-    paths["records"].write_text(json.dumps([asdict(r) for r in records], ensure_ascii=False) + "\n", encoding="utf-8")
+    paths["records"].write_text(json.dumps([asdict(r) for r in records], ensure_ascii=False) + "\n",
+                                encoding="utf-8")
     paths["summary"].write_text(json.dumps({**summary, **extra}, indent=2) + "\n", encoding="utf-8")
     paths["stryker"].write_text(json.dumps(report, ensure_ascii=False) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(records, summary), encoding="utf-8")

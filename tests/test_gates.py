@@ -180,7 +180,8 @@ def test_plan_balances_untimed_gates_and_runs_timed_ones_alone():
     assert [g.name for g in timed[0]] == [g.name for g in gates if g.timed] == ["speed-ab", "busy"]
     assert sorted(g.name for group in untimed for g in group) == sorted(g.name for g in gates if not g.timed)
     totals = sorted(sum(timings.estimate(g.name, known) for g in group) for group in untimed)
-    assert len(untimed) == 2 and totals[1] - totals[0] <= min(timings.estimate(g.name, known) for g in gates if not g.timed)
+    smallest = min(timings.estimate(g.name, known) for g in gates if not g.timed)
+    assert len(untimed) == 2 and totals[1] - totals[0] <= smallest
     assert plan(gates, 1, known) == [[gates]]  # one process, registry order: what prove's trees run
     assert plan(gates, 2, known) == phases  # deterministic
 

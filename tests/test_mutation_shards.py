@@ -127,7 +127,7 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     ap = argparse.ArgumentParser()
     add_mutate_parser(ap.add_subparsers(dest="command"))
     for cmd in (shard_cmd.replace("${{ matrix.shard }}", "1"), merge_cmd):
-        argv = cmd.split("specgate_cli ", 1)[1].split() if "specgate_cli " in cmd else cmd.split("specgate ", 1)[1].split()
+        argv = cmd.split("specgate_cli " if "specgate_cli " in cmd else "specgate ", 1)[1].split()
         args = ap.parse_args(argv)  # the workflow's commands parse with the real options
         assert args.command == "mutate"
     assert mutation_shard.parse_shard(f"{count}/{count}") == (count, count)

@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-12)
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
+# Processes at once: pytest-xdist workers for `make test`, gate processes for `make gates`,
+# trees for `make prove` (README, "Speed").
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# JOBS=1: the test suite in this process (-n 0), without xdist workers.
+XDIST = $(if $(filter 1,$(JOBS)),-n 0,-n $(JOBS) --dist loadgroup)
 
 .PHONY: venv test prove gates gate gates-deep gates-coverage mutate viewer fixtures bench-cpu clean
 
@@ -18,19 +23,19 @@ $(STAMP):
 	touch $@
 
 test: venv
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests $(XDIST)
 	$(MAKE) prove
 
 # Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.
 prove: venv
 	@mkdir -p reports
-	$(VENV)/bin/specgate prove --json reports/prove.json --markdown reports/prove.md --html reports/prove.html
+	$(VENV)/bin/specgate prove --jobs $(JOBS) --json reports/prove.json --markdown reports/prove.md --html reports/prove.html
 
 # The last line is the veto's verdict (LIFT or KEEP, with reasons); KEEP is informational (always
 # so without CUDA); the exit status stays the gates run's: a red gate fails `make gates`.
 gates: venv
 	@mkdir -p reports
-	@$(VENV)/bin/specgate gates run --json reports/gates.json --junit reports/gates.xml; status=$$?; \
+	@$(VENV)/bin/specgate gates run --jobs $(JOBS) --json reports/gates.json --junit reports/gates.xml; status=$$?; \
 	 $(VENV)/bin/specgate gates verdict reports/gates.json; exit $$status
 
 gate: venv

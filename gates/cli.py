@@ -5,12 +5,13 @@ Which defects prove each gate is handed in (`proven_against`, gate -> defect nam
 that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
 catalogue and lists none.
 """
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from gates import report
-from gates.argtypes import device, float_in, folder, output_file
+from gates.argtypes import device, float_in, folder, int_at_least, output_file
 from gates.registry import GATES, by_name
 
 DEFAULT_JSON = "reports/gates.json, or reports/gate-NAME.json for named gates"
@@ -39,6 +40,9 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      help="measure each gate's engine lines and branches (coverage.py): figures into the JSON, "
                      "HTML into DIR (default reports/coverage); with every gate, unreached request-path "
                      "branches not in gates/unreached-branches.toml, or stale entries there, fail the run")
+    run.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
+                     help="pytest processes at once (default: the CPU count); each gate runs whole in one, "
+                     "the timed gates (speed-ab, busy) alone after the others, so the report does not depend on N")
     run.set_defaults(func=cmd_run)
     gates.set_defaults(proven_against=dict(proven_against or {}))
     verdict = sub.add_parser("verdict", help="LIFT or KEEP the async-runner veto, with reasons, from gate "
@@ -58,6 +62,9 @@ def cmd_list(args) -> int:
 
 def cmd_run(args) -> int:
     from gates.run import run_gates
+    if args.jobs < 1:
+        print("specgate: error: --jobs must be at least 1", file=sys.stderr)
+        return 2
     try:
         gates = by_name(args.names)
     except KeyError as e:
@@ -81,7 +88,7 @@ def cmd_run(args) -> int:
     result = run_gates(gates, json_path, args.junit, deep=args.deep, model=args.model,
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
                        pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else (),
-                       coverage_dir=args.coverage)
+                       coverage_dir=args.coverage, jobs=args.jobs)
     print(report.table(result["gates"]))
     counts = result["summary"]
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "

@@ -36,9 +36,9 @@ class Gate:
     # Part of the mutation runs' suite: a gate that judges one run exactly and needs no CUDA
     # (a timed or CUDA gate would read a mutant's slowness or this machine as a kill or a survivor).
     mutation_suite: bool = False
-    # A timed measurement (throughput, device busy time): it runs alone, never beside other work
-    # that would take its cores, in prove and in the GPU check.
-    measures_time: bool = False
+    # Measures time or the device's busy level: `gates run --jobs N` runs it alone, after the
+    # other gates, so no other gate's process shares the cores while it measures.
+    timed: bool = False
 
     def __post_init__(self):
         check_name("gate", self.name)
@@ -67,10 +67,9 @@ GATES = (
          "units, and the warm-leg predicate folds both axes over the same legs", "cpu"),
     Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async, eager and graph arm, at "
          "concurrency 1 and 8, runners interleaved; a delta under the runners' spread is reported as under "
-         "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", measures_time=True),
+         "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", timed=True),
     Gate("busy", "busy", "G4: the busy level of the decode window, eager and graph arm, async and sync; the "
-         "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda",
-         measures_time=True),
+         "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda", timed=True),
     Gate("no-sync", "no_sync", "the whole async decode loop (schedule to commit) makes no host read beyond "
          "the engine's declared waits: a host-read hook everywhere, and on CUDA "
          "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu"),

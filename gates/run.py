@@ -1,5 +1,6 @@
-"""Run gates: one pytest process over the selected gate modules with the gates plugin, then the
-report (JSON, JUnit, a table) and an exit status that is non-zero when any gate is red or errored.
+"""Run gates: pytest processes over the selected gate modules with the gates plugin (one, or with
+--jobs N several at once, each gate whole in one of them), then the merged report (JSON, JUnit, a
+table) and an exit status that is non-zero when any gate is red or errored.
 
 pytest runs in a child process so each run starts clean (torch threads, Hypothesis profile,
 imported engine code), the way a seeded-defect run needs it.
@@ -11,57 +12,95 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gates import report
+from gates import report, timings
 from gates.registry import Gate
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@dataclass
+class _Process:
+    """One pytest process over some of the gates: what it ran and what it reported."""
+    gates: list[Gate]
+    cmd: list[str]
+    returncode: int = 0
+    raw: dict | None = None
+    log: str = ""
+
+
+def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None) -> list[list[list[Gate]]]:
+    """Phases of pytest processes: each phase's processes run at once, the phases one after the
+    other. One job: one process over every gate, in the order given. More: the untimed gates
+    spread over at most `jobs` processes, balanced by their last measured seconds (slowest first);
+    then the timed gates (speed-ab, busy) in one process of their own, with nothing beside them."""
+    if jobs <= 1 or len(gates) <= 1:
+        return [[list(gates)]]
+    known = timings.load() if known is None else known
+    order = {g.name: i for i, g in enumerate(gates)}
+    untimed = [g for g in gates if not g.timed]
+    groups = timings.balance(((g, timings.estimate(g.name, known)) for g in untimed), jobs)
+    phases = [[sorted(group, key=lambda g: order[g.name]) for group in groups]] if untimed else []
+    timed = [g for g in gates if g.timed]
+    return phases + ([[timed]] if timed else [])
+
+
 def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str | None = None,
               deep: bool = False, model: str | None = None, drafter: str | None = None,
               device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False,
-              proven_against: Mapping[str, tuple[str, ...]] | None = None,
+              proven_against: Mapping[str, tuple[str, ...]] | None = None, jobs: int = 1,
               coverage_dir: str | None = None) -> dict:
-    """Run the gates in one pytest process; `proven_against` (gate -> defect names, from the
-    defect catalogue a layer above) goes into each gate's result. With `coverage_dir`, under
-    coverage.py: each gate's reach goes into its result, the HTML report into coverage_dir, and
-    the unreached request-path branches into the report's "reach" (gates/reach.py)."""
+    """Run the gates in pytest processes (one, or with `jobs` > 1 several at once: see plan());
+    `proven_against` (gate -> defect names, from the defect catalogue a layer above) goes into each
+    gate's result. Every gate is judged in one process, so the report is the same whatever `jobs`.
+    With `coverage_dir`, one process under coverage.py: each gate's reach goes into its result, the
+    HTML report into coverage_dir, and the unreached request-path branches into the report's
+    "reach" (gates/reach.py)."""
+    if coverage_dir:
+        jobs = 1  # one process: coverage's per-gate contexts land in one data file
     started, t0 = time.time(), time.perf_counter()
+    phases = plan(gates, jobs)
+    env = dict(os.environ, HYPOTHESIS_PROFILE="deep" if deep else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    parallel = any(len(phase) > 1 for phase in phases) or len(phases) > 1
+    processes: list[_Process] = []
     with tempfile.TemporaryDirectory(prefix="specgate-gates-") as tmp:
-        raw_path, spec_path = Path(tmp) / "report.json", Path(tmp) / "gates.json"
-        spec_path.write_text(json.dumps([{**asdict(g), "path": str(g.file)} for g in gates]))
         data_file = Path(tmp) / ".coverage"
         measure = (["-m", "coverage", "run", "--branch", f"--source={REPO / 'engine'}", f"--data-file={data_file}"]
                    if coverage_dir else [])
-        cmd = [sys.executable, *measure, "-m", "pytest", "-p", "gates.plugin", f"--rootdir={REPO}",
-               "-c", str(REPO / "pyproject.toml"), "--gates-report", str(raw_path),
-               "--gates-spec", str(spec_path), "--gates-no-table", *(str(g.file) for g in gates), *pytest_args]
-        for flag, value in (("--model", model), ("--drafter", drafter), ("--device", device)):
-            if value:
-                cmd += [flag, str(value)]
-        env = dict(os.environ, HYPOTHESIS_PROFILE="deep" if deep else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if coverage_dir:
             env["SPECGATE_COVERAGE"] = "1"
-        out = subprocess.DEVNULL if quiet else sys.stderr
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=out)
-        raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"gates": [], "environment": {}}
+        for p, phase in enumerate(phases):
+            if parallel and not quiet:
+                print("gates: " + " | ".join(", ".join(g.name for g in group) for group in phase)
+                      + (" (at once)" if len(phase) > 1 else " (alone)"), file=sys.stderr, flush=True)
+            batch = [_Process(group, _command(group, Path(tmp) / f"{p}-{i}", model, drafter, device, pytest_args,
+                                              measure)) for i, group in enumerate(phase)]
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                list(pool.map(lambda proc: _run(proc, env, quiet, capture=parallel), batch))
+            processes += batch
         reach_result = _reach(data_file, gates, Path(coverage_dir)) if coverage_dir and data_file.exists() else None
-    found = {g["name"]: g for g in raw["gates"]}
+    found = {g["name"]: g for proc in processes for g in (proc.raw or {}).get("gates", [])}
+    returncode = {g.name: proc.returncode for proc in processes for g in proc.gates}
     proven_against = proven_against or {}
-    results = [_with_proof(found.get(g.name) or _not_run(g, proc.returncode), proven_against.get(g.name, ()))
+    results = [_with_proof(found.get(g.name) or _not_run(g, returncode[g.name]), proven_against.get(g.name, ()))
                for g in gates]
     if reach_result is not None:
         for r in results:
             r["coverage"] = reach_result["gates"].get(r["name"])
-    result = {"schema": "specgate-gates/1", "command": " ".join(cmd), "started": started,
-              "seconds": round(time.perf_counter() - t0, 2), "environment": raw["environment"],
-              "pytest_exit_status": proc.returncode, "summary": report.summary(results),
-              "exit_status": report.exit_status(results), "gates": results}
+    environment = next((proc.raw["environment"] for proc in processes if proc.raw), {})
+    result = {"schema": "specgate-gates/1", "command": " ; ".join(" ".join(proc.cmd) for proc in processes),
+              "started": started, "seconds": round(time.perf_counter() - t0, 2), "jobs": max(1, jobs),
+              "environment": environment,
+              "pytest_exit_status": next((proc.returncode for proc in processes if proc.returncode), 0),
+              "summary": report.summary(results), "exit_status": report.exit_status(results), "gates": results}
+    # the registry's own gates only: a harness test's fake gates must not land in the cache
+    timings.record({g.name: r["seconds"] for g, r in zip(gates, results)
+                    if g.path is None and r["status"] in (report.GREEN, report.RED)})
     if reach_result is not None:
         result["reach"] = {k: v for k, v in reach_result.items() if k != "gates"}
         if reach_result["judged"] and (reach_result["unreviewed"] or reach_result["stale"]):
@@ -72,6 +111,37 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
         tree = report.junit(result)
         tree.write(junit_path, encoding="utf-8", xml_declaration=True)
     return result
+
+
+def _command(gates: list[Gate], stem: Path, model, drafter, device, pytest_args, measure=()) -> list[str]:
+    """One pytest process over `gates`; `measure`: the coverage.py prefix, when it runs under it."""
+    raw_path, spec_path = stem.with_suffix(".report.json"), stem.with_suffix(".gates.json")
+    spec_path.write_text(json.dumps([{**asdict(g), "path": str(g.file)} for g in gates]))
+    cmd = [sys.executable, *measure, "-m", "pytest", "-p", "gates.plugin", f"--rootdir={REPO}",
+           "-c", str(REPO / "pyproject.toml"), "--gates-report", str(raw_path),
+           "--gates-spec", str(spec_path), "--gates-no-table", *(str(g.file) for g in gates), *pytest_args]
+    for flag, value in (("--model", model), ("--drafter", drafter), ("--device", device)):
+        if value:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def _run(proc: _Process, env: dict, quiet: bool, capture: bool) -> None:
+    """Run one pytest process. Several at once write to a log each, shown whole when it ends."""
+    raw_path = Path(proc.cmd[proc.cmd.index("--gates-report") + 1])
+    if capture:
+        done = subprocess.run(proc.cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace")
+        proc.log = done.stdout
+        if not quiet:
+            names = ", ".join(g.name for g in proc.gates)
+            sys.stderr.write(f"---- gates {names} (exit status {done.returncode})\n{done.stdout}")
+            sys.stderr.flush()
+    else:
+        out = subprocess.DEVNULL if quiet else sys.stderr
+        done = subprocess.run(proc.cmd, cwd=REPO, env=env, stdout=out, stderr=out)
+    proc.returncode = done.returncode
+    proc.raw = json.loads(raw_path.read_text()) if raw_path.exists() else None
 
 
 def _with_proof(result: dict, proven_against: tuple[str, ...]) -> dict:

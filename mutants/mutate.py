@@ -1,5 +1,6 @@
-"""`specgate mutate [--since REV | --only PATTERN ...] [--max-children N] [--report DIR] [--update-baseline]`
-(also `make mutate`): mutmut over engine/, with the fast tests and gates as the suite.
+"""`specgate mutate [--since REV | --only PATTERN ... | --shard I/N | --cuda-only] [--max-children N]
+[--report DIR] [--update-baseline]` and `specgate mutate merge DIR ...` (also `make mutate`): mutmut
+over engine/, with the fast tests and gates as the suite.
 
 One pass, a module per step:
 
@@ -12,57 +13,101 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gates.argtypes import int_at_least
 from mutants.mutation_ratchet import baseline_commit, load_baseline, ratchet, stale_equivalents, update_baseline
-from mutants.mutation_report import score_line, summarise, write_reports
-from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
+from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
+from mutants.mutation_results import cached_verdicts, load_equivalents, matches, read_results, valid_cached
+from mutants.mutation_shard import cuda_only, list_mutants, listing_digest, parse_shard, reviewed_unchanged
+from mutants.mutation_shard import shard as shard_of
 from mutants.mutation_run import changed_functions, git, run_mutmut
-from mutants.mutation_stage import REPO, SOURCE, STAGING, stage
+from mutants.mutation_stage import MUTATED_GATES, REPO, SOURCE, STAGING, stage
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
-           only: tuple[str, ...] = ()) -> int:
+           only: tuple[str, ...] = (), shard: tuple[int, int] | None = None, cuda: bool = False) -> int:
     t0 = time.perf_counter()
     equivalents = load_equivalents()
     patterns = list(only) or (changed_functions(since) if since else [])
     commit = git(["rev-parse", "--short", "HEAD"], REPO).strip()
     report_dir.mkdir(parents=True, exist_ok=True)
     if since and not patterns:
-        print(f"mutate: no function in {SOURCE}/ changed since {since}; nothing to mutate")
-        print(f"mutation: 0 mutants (no {SOURCE}/ function changed since {since}); "
+        print(f"mutate: no mutated function ({SOURCE}/, the gates' checks) changed since {since}; nothing to mutate")
+        print(f"mutation: 0 mutants (no mutated function changed since {since}); "
               f"baseline test strength {_pct(load_baseline())}")
         return 0
     reset = stage()
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
-    scope = (f"mutants matching {', '.join(only)}" if only else
+    if since:
+        # Every function in a --since run changed, so its mutmut hash did and no reviewed mutant
+        # of it can be skipped: the run names the patterns and needs no listing of every mutant.
+        hashes, in_run, not_rerun, to_test = None, None, set(), patterns
+    else:
+        hashes = list_mutants()
+        if cuda:
+            in_run = [n for n in cuda_only(equivalents) if n in hashes]
+        elif shard:
+            in_run = shard_of(hashes, *shard)
+        else:
+            in_run = [n for n in hashes if matches(n, patterns)]
+        not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
+    complete = not (patterns or shard or cuda)
+    if hashes is not None:
+        # Named mutants are always re-tested by mutmut: name only those without a valid verdict on
+        # a full run (keeping mutmut's cache), every one in the run's scope otherwise.
+        cached_now = valid_cached(hashes) & set(in_run) if complete else set()
+        to_test = [n for n in in_run if n not in not_rerun and n not in cached_now]
+        counts = (f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed "
+                  f"and not re-run (function unchanged), {len(cached_now)} from the cache")
+    else:
+        counts = "every mutant of them tested"
+    scope = ("the CUDA-only reviewed mutants" if cuda else f"shard {shard[0]}/{shard[1]}" if shard else
+             f"mutants matching {', '.join(only)}" if only else
              f"{len(patterns)} functions changed since {since}" if since else "every function")
-    print(f"mutate: mutmut over {SOURCE}/ in {STAGING.relative_to(REPO)}, {max_children} children, {scope}",
-          flush=True)
-    cached = cached_verdicts(patterns)
-    rc = run_mutmut(patterns, max_children, report_dir / "mutmut.log")
-    if rc != 0:
-        return _failed_run(rc, patterns, report_dir / "mutmut.log")
-    records = read_results(patterns, equivalents)
+    print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {STAGING.relative_to(REPO)}, "
+          f"{max_children} children, {scope}: {counts}", flush=True)
+    cached = cached_verdicts([])
+    if to_test:
+        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log",
+                        env={"SPECGATE_DEVICE": "cuda"} if cuda else None)
+        if rc != 0:
+            return _failed_run(rc, patterns, report_dir / "mutmut.log")
+    records = [_reviewed(r, equivalents) if r.name in not_rerun else r
+               for r in read_results(patterns if in_run is None else [], equivalents,
+                                     names=None if in_run is None else set(in_run))]
+    tested = set(to_test) if hashes is not None else {r.name for r in records}
     run = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
-                                *([f"--since {since}"] if since and not only else [])]),
-           "commit": commit, "complete": not patterns, "wall_s": time.perf_counter() - t0,
-           "max_children": max_children,
-           "from_cache": sum(1 for r in records if r.name in cached and cached[r.name] == r.seconds)}
+                                *([f"--since {since}"] if since and not only else []),
+                                *([f"--shard {shard[0]}/{shard[1]}"] if shard else []),
+                                *(["--cuda-only"] if cuda else [])]),
+           "commit": commit, "complete": complete, "wall_s": time.perf_counter() - t0,
+           "max_children": max_children, "mode": "cuda-only" if cuda else "shard" if shard else "run",
+           "shard": f"{shard[0]}/{shard[1]}" if shard else None,
+           "mutants_in_scope": len(hashes) if hashes is not None else None,
+           "listing_digest": listing_digest(hashes) if hashes is not None else None,
+           "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
+                             and r.name in cached)}
     summary, problems = _report(records, equivalents, run, report_dir)
     if raise_baseline:
         if not run["complete"] or problems:
             print("mutate: --update-baseline needs a full run without problems", file=sys.stderr)
             return 1
-        if git(["status", "--porcelain", "--", SOURCE], REPO).strip():
+        if git(["status", "--porcelain", "--", SOURCE, *MUTATED_GATES], REPO).strip():
             print(f"mutate: --update-baseline needs {SOURCE}/ committed, so the baseline names the code it "
                   f"measured", file=sys.stderr)
             return 1
         print(update_baseline(summary, commit))
     print(score_line(summary))
     return 1 if problems else 0
+
+
+def _reviewed(record: MutantRecord, equivalents) -> MutantRecord:
+    """A reviewed mutant of an unchanged function: the review's verdict, marked not re-run."""
+    return replace(record, status="survived", equivalent=equivalents[record.name].reason, not_rerun=True,
+                   seconds=None)
 
 
 def _failed_run(rc: int, patterns: list[str], log_path: Path) -> int:
@@ -84,14 +129,16 @@ def _report(records, equivalents, run: dict, report_dir: Path) -> tuple[dict, li
     wall, from_cache, complete = run["wall_s"], run["from_cache"], run["complete"]
     stale = stale_equivalents(records, equivalents, complete)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
-    extra = {**run, "wall_s": round(wall, 1), "tested": len(records) - from_cache,
-             "mutants_per_minute": round((len(records) - from_cache) / wall * 60, 1) if wall else None,
+    tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
+    extra = {**run, "wall_s": round(wall, 1), "tested": tested,
+             "mutants_per_minute": round(tested / wall * 60, 1) if wall else None,
              "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
     summary = summarise(records)
-    problems = ratchet(summary, load_baseline(), complete, stale)
+    problems = ratchet(summary, load_baseline(), complete, stale, defer=run.get("mode") != "run")
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
     print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
-          f"({extra['mutants_per_minute']} per minute) and {from_cache} from the cache; "
+          f"({extra['mutants_per_minute']} per minute), {from_cache} from the cache and "
+          f"{len(records) - tested - from_cache} reviewed, not re-run; "
           f"reports: " + ", ".join(str(p) for p in paths.values()))
     for p in problems:
         print(f"mutate: FAIL: {p}")
@@ -114,10 +161,35 @@ def add_mutate_parser(sub) -> None:
                    help="write summary.json, mutation-report.json (Stryker schema), survivors.md here")
     p.add_argument("--update-baseline", action="store_true",
                    help="after a full run without problems, raise the committed baseline to its test strength")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="test only shard I of N (every N-th mutant, each function spread evenly over the shards); "
+                   "combine the shards' report folders with `specgate mutate merge DIR ...`")
+    p.add_argument("--cuda-only", action="store_true",
+                   help="test only the mutants equivalent-mutants.toml lists as CUDA-only, with the gates on cuda "
+                   "(the GPU machine); merge its report with a CPU run's to replace their verdicts")
+    p.add_argument("merge", nargs="*", metavar="merge DIR",
+                   help="`merge DIR ...`: combine shard (and --cuda-only) report folders into one report in --report, "
+                   "one score and one ratchet decision")
     p.set_defaults(func=cmd_mutate)
 
 
 def cmd_mutate(args) -> int:
+    if args.merge:
+        if args.merge[0] != "merge" or len(args.merge) < 2:
+            print("specgate: error: usage: specgate mutate merge DIR [DIR ...] [--report DIR]", file=sys.stderr)
+            return 2
+        from mutants.mutation_merge import merge
+        try:
+            return merge([Path(d) for d in args.merge[1:]], args.report, args.update_baseline)
+        except ValueError as e:
+            print(f"specgate: error: {e}", file=sys.stderr)
+            return 2
+    shard = None
+    if args.shard or args.cuda_only:
+        if args.since or args.only or args.update_baseline or (args.shard and args.cuda_only):
+            print("specgate: error: --shard and --cuda-only take no --since, --only, --update-baseline or each "
+                  "other", file=sys.stderr)
+            return 2
     if args.max_children < 1:
         print("specgate: error: --max-children must be at least 1", file=sys.stderr)
         return 2
@@ -132,7 +204,10 @@ def cmd_mutate(args) -> int:
             args.since = baseline_commit()
         if args.since:
             git(["rev-parse", "--verify", "--quiet", args.since + "^{commit}"], REPO)
-        return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only))
+        if args.shard:
+            shard = parse_shard(args.shard)
+        return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only),
+                      shard=shard, cuda=args.cuda_only)
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -44,6 +44,7 @@ class MutantRecord:
     covered_by: tuple[str, ...] = ()   # pytest node ids that exercise the function
     seconds: float | None = None       # how long its test run took
     equivalent: str | None = None      # one-line reason when a reviewed list marks this survivor equivalent
+    not_rerun: bool = False            # reviewed on this very function: its verdict is the review's, not re-run
 
 
 def _checked(records: Iterable[MutantRecord]) -> list[MutantRecord]:
@@ -63,7 +64,8 @@ def summarise(records: Iterable[MutantRecord]) -> dict:
             "test_strength": killed / reachable if reachable else None,
             "mutation_score": killed / total if total else None,
             "run_failures": sum(counts[s] for s in RUN_FAILURES),
-            "survivors_equivalent": equivalent, "survivors_unexplained": counts["survived"] - equivalent}
+            "survivors_equivalent": equivalent, "survivors_unexplained": counts["survived"] - equivalent,
+            "reviewed_not_rerun": sum(1 for r in records if r.not_rerun)}
 
 
 def _order(record: MutantRecord) -> tuple:
@@ -90,7 +92,8 @@ def stryker_report(records: Iterable[MutantRecord], sources: dict[str, str],
         if replacement is not None:
             mutant["replacement"] = replacement
         equivalent = r.status == "survived" and r.equivalent
-        if reason := f"reviewed equivalent: {r.equivalent}" if equivalent else REASONS.get(r.status):
+        not_rerun = " (reviewed, not re-run: its function is unchanged since the review)" if r.not_rerun else ""
+        if reason := f"reviewed equivalent{not_rerun}: {r.equivalent}" if equivalent else REASONS.get(r.status):
             mutant["statusReason"] = reason
         if r.covered_by:  # no killedBy: mutmut does not record which test killed a mutant
             mutant["coveredBy"] = [test_ids[node] for node in r.covered_by]
@@ -120,7 +123,8 @@ def score_line(summary: dict) -> str:
     reachable = summary["total"] - summary["skipped"] - summary["no_tests"]
     return (f"mutation: test strength {_pct(summary['test_strength'])} ({summary['killed']} killed / {reachable}), "
             f"mutation score {_pct(summary['mutation_score'])} of {summary['total']}; "
-            f"{summary['run_failures']} run failures; {summary['survivors_unexplained']} unexplained survivors")
+            f"{summary['run_failures']} run failures; {summary['survivors_unexplained']} unexplained survivors"
+            + (f"; {summary['reviewed_not_rerun']} reviewed, not re-run" if summary.get("reviewed_not_rerun") else ""))
 
 
 def _entry(r: MutantRecord, note: str | None) -> list[str]:
@@ -141,7 +145,10 @@ def markdown(records: Iterable[MutantRecord], summary: dict) -> str:
            *(f"| {s} | {summary[s.replace(' ', '_')]} |" for s in STATUSES), f"| **total** | {summary['total']} |", "",
            f"## Survivors: {len(unexplained)} unexplained, {len(equivalent)} reviewed equivalent", ""]
     out += [line for r in unexplained for line in _entry(r, None)]
-    out += [line for r in equivalent for line in _entry(r, f"Reviewed equivalent: {r.equivalent}")]
+    for r in equivalent:
+        note = ("Reviewed, not re-run (function unchanged). " if r.not_rerun else "") + \
+            f"Reviewed equivalent: {r.equivalent}"
+        out += _entry(r, note)
     out += [f"## Run failures: {len(failures)}", "", *([] if failures else ["None.", ""])]
     out += [line for r in failures for line in _entry(r, f"**{r.status}**: {REASONS[r.status]}")]
     return "\n".join(out).rstrip("\n") + "\n"
@@ -187,7 +194,10 @@ def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sourc
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "stryker": out / "mutation-report.json",
-             "markdown": out / "survivors.md", "html": out / "mutation-report.html"}
+             "markdown": out / "survivors.md", "html": out / "mutation-report.html", "records": out / "records.json"}
+    # every record as read, for `specgate mutate merge`
+    paths["records"].write_text(json.dumps([asdict(r) for r in records], ensure_ascii=False) + "\n",
+                                encoding="utf-8")
     paths["summary"].write_text(json.dumps({**summary, **extra}, indent=2) + "\n", encoding="utf-8")
     paths["stryker"].write_text(json.dumps(report, ensure_ascii=False) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(records, summary), encoding="utf-8")

@@ -12,7 +12,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from mutants.mutation_report import MutantRecord
-from mutants.mutation_stage import REPO, SOURCE, STAGING
+from mutants.mutation_stage import REPO, SOURCES, STAGING
 
 EQUIVALENTS = REPO / "mutants" / "equivalent-mutants.toml"
 
@@ -22,23 +22,27 @@ class Equivalent:
     name: str
     mutated: str  # the mutant's changed line: an entry goes stale when mutmut renumbers
     reason: str
+    # mutmut's hash of the function when it was reviewed: while it is unchanged the mutant is not
+    # re-run (mutants/mutation_shard.py); absent, the mutant is re-run every time
+    function_hash: str | None = None
 
 
 def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
-                 staging: Path = STAGING) -> list[MutantRecord]:
-    """The mutants mutmut knows in the staging folder (only those matching `patterns`, if any)."""
+                 staging: Path = STAGING, names: set[str] | None = None) -> list[MutantRecord]:
+    """The mutants mutmut knows in the staging folder (only those matching `patterns`, if any,
+    and only those in `names`, if given)."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
     from mutmut.utils.format_utils import mangled_name_from_mutant_name, orig_function_and_class_names_from_key
     work = staging / "mutants"  # mutmut's working copy
     covered = json.loads((work / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
     records = []
-    for meta_path in sorted((work / SOURCE).rglob("*.py.meta")):
+    for meta_path in sorted(m for source in SOURCES for m in (work / source).rglob("*.py.meta")):
         path = meta_path.relative_to(work).with_suffix("")
         meta = json.loads(meta_path.read_text())
         mutated_source = (work / path).read_text()
         for name, code in sorted(meta["exit_code_by_key"].items()):
-            if not matches(name, patterns):
+            if (names is not None and name not in names) or not matches(name, patterns):
                 continue
             function, cls = orig_function_and_class_names_from_key(name)
             diff = get_diff_for_mutant(name, source=mutated_source, path=path)
@@ -53,11 +57,26 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
     return records
 
 
+def valid_cached(hashes: dict[str, str], staging: Path = STAGING) -> set[str]:
+    """Mutants whose verdict mutmut holds for the function as it is now (mutmut resets the others
+    when it regenerates a changed function)."""
+    from mutmut.utils.format_utils import mangled_name_from_mutant_name
+    valid = set()
+    for meta_path in (m for source in SOURCES for m in (staging / "mutants" / source).rglob("*.meta")):
+        meta = json.loads(meta_path.read_text())
+        function_hashes = meta.get("hash_by_function_name", {})
+        for name, code in meta["exit_code_by_key"].items():
+            function = mangled_name_from_mutant_name(name).rpartition(".")[2]
+            if code is not None and name in hashes and function_hashes.get(function) == hashes[name]:
+                valid.add(name)
+    return valid
+
+
 def cached_verdicts(patterns: list[str], staging: Path = STAGING) -> dict[str, float | None]:
     """The mutants (matching `patterns`, if any) whose verdict mutmut already holds, with its
     duration: a mutant the run retests gets a new one, so the run's speed counts only those."""
     cached = {}
-    for meta_path in (staging / "mutants" / SOURCE).rglob("*.meta"):
+    for meta_path in (m for source in SOURCES for m in (staging / "mutants" / source).rglob("*.meta")):
         meta = json.loads(meta_path.read_text())
         cached.update({name: meta["durations_by_key"].get(name) for name, code in meta["exit_code_by_key"].items()
                        if code is not None and matches(name, patterns)})
@@ -81,4 +100,4 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     bad = [e for e in entries if not (e.get("name") and e.get("mutated") is not None and e.get("reason"))]
     if bad:
         raise ValueError(f"{path.name}: every [[mutant]] needs name, mutated and reason; not {bad[0]}")
-    return {e["name"]: Equivalent(e["name"], e["mutated"], e["reason"]) for e in entries}
+    return {e["name"]: Equivalent(e["name"], e["mutated"], e["reason"], e.get("function_hash")) for e in entries}

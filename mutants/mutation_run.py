@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mutants.child_env import child_env
-from mutants.mutation_stage import REPO, SOURCE, STAGING
+from mutants.mutation_stage import REPO, SOURCES, STAGING, is_mutated
 
 STATUS_LINE = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
 
@@ -21,13 +21,13 @@ STATUS_LINE = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+�
 def changed_functions(since: str, repo: Path = REPO) -> list[str]:
     """mutmut name patterns for the engine functions and methods changed since `since`
     (committed or not), so a pull request's run mutates only what it touched."""
-    diff = git(["diff", "--unified=0", since, "--", SOURCE], repo)
+    diff = git(["diff", "--unified=0", since, "--", *SOURCES], repo)
     changed: dict[str, set[int]] = {}
     path = None
     for line in diff.splitlines():
         if line.startswith("+++ "):
             path = None if line == "+++ /dev/null" else line[len("+++ b/"):]
-        elif line.startswith("@@") and path and path.endswith(".py"):
+        elif line.startswith("@@") and path and is_mutated(path):
             start, _, count = re.match(r"@@ -\S+ \+(\d+)(,(\d+))? @@", line).groups()
             start, count = int(start), int(count if count is not None else 1)
             # a pure deletion (count 0) touches the lines on either side of it
@@ -68,11 +68,13 @@ def git(args: list[str], repo: Path) -> str:
 LINE_EVERY = 100
 
 
-def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING) -> int:
+def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING,
+               env: dict[str, str] | None = None) -> int:
     """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
-    output goes to log_path."""
+    output goes to log_path. `patterns`: mutmut names or patterns (each named mutant is re-tested)."""
     from tqdm import tqdm
-    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0")
+    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
+                    **(env or {}))
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
     terminal = sys.stderr.isatty()
     bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5, dynamic_ncols=True, file=sys.stderr,

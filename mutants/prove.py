@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from gates import timings
 from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
 from mutants import matrix, proof_html
@@ -71,17 +72,47 @@ def stale_check(defects: list[Defect], base: Path) -> dict[str, str]:
     return stale
 
 
+def schedule(tasks: list[tuple], seconds: dict[str, float]) -> list[tuple]:
+    """Trees (label, defect, gate names, device) in the order they start: the longest first, by
+    the sum of their gates' last measured seconds (gates/timings.py: build/gate-seconds.json, else
+    a static estimate), so the long trees do not start last and leave one job running alone at the
+    end. Ties keep the catalogue's order."""
+    return sorted(tasks, key=lambda t: -sum(timings.estimate(g, seconds) for g in t[2]))
+
+
+def clean_parts(gates: list[str], jobs: int, seconds: dict[str, float]) -> list[tuple[str, list[str]]]:
+    """The clean tree's gates as (label, gates) tasks: one, or with several jobs as many parts,
+    balanced by the gates' last seconds, so the clean tree (every gate) is not one long task that
+    the others wait on."""
+    if jobs <= 1 or len(gates) <= 1:
+        return [(CLEAN, list(gates))]
+    parts = timings.balance(((g, timings.estimate(g, seconds)) for g in gates), jobs)
+    order = {g: i for i, g in enumerate(gates)}
+    return [(f"{CLEAN} part {i + 1} of {len(parts)}", sorted(part, key=order.get)) for i, part in enumerate(parts)]
+
+
+def merge_clean(parts: list[TreeRun]) -> TreeRun:
+    """One clean-tree run from its parts: every gate's result; not RAN if a part did not run;
+    its seconds the sum of the parts' (the gate time it cost)."""
+    if len(parts) == 1 and parts[0].tree == CLEAN:
+        return parts[0]
+    failed = next((p for p in parts if p.status != RAN), None)
+    gates = {g: r for p in parts for g, r in p.gates.items()}
+    detail = "\n".join(f"{p.tree}: {p.detail}" for p in parts if p.detail)
+    return TreeRun(CLEAN, failed.status if failed else RAN, gates, round(sum(p.seconds for p in parts), 1), detail)
+
+
 def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo: Path = REPO,
           cuda: bool | None = None, command=gate_command, gate_needs: dict[str, str] | None = None,
           timed: set[str] | None = None) -> Proof:
     """Run the proof of `defects` on a snapshot of `repo`. The rest are seams for tests: `cuda`
     (default: whether this machine has it), `command` (the gate run of one tree), `gate_needs`
     (gate -> 'cpu'/'cuda', registry order; default the registry's) and `timed` (the gates that run
-    alone; default the registry's measures_time gates)."""
+    alone; default the registry's timed gates)."""
     if gate_needs is None:
         gate_needs = {g.name: g.needs for g in GATES}
     if timed is None:
-        timed = {g.name for g in GATES if g.measures_time}
+        timed = {g.name for g in GATES if g.timed}
     cuda = has_cuda() if cuda is None else cuda
     jobs, device = options.jobs, options.device
     all_gates = list(gate_needs)
@@ -92,7 +123,8 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
         work = Path(tmp)
         base = copy_tree(repo, work / "snapshot")
         stale = stale_check(defects, base)
-        tasks = [(CLEAN, None, all_gates, device)]
+        seconds = timings.load()
+        tasks = [(label, None, part, device) for label, part in clean_parts(all_gates, jobs, seconds)]
         for d in defects:
             if d.name in stale:
                 runs[d.name] = TreeRun(d.name, STALE, detail=stale[d.name])
@@ -100,7 +132,7 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
                 runs[d.name] = TreeRun(d.name, NEEDS_CUDA, detail="needs CUDA; this machine has none")
             else:
                 tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
-        tasks.sort(key=lambda t: t[0] != CLEAN)  # the longest first: the clean tree runs every gate
+        tasks = schedule(tasks, seconds)  # the longest first
         # Timed gates (speed, busy) would measure the other trees' load: they run in a second
         # phase, one at a time and each in a process of its own (on the H200 busy's graph-arm level
         # read 0.52 to 0.61 in a fresh process and 0.38 to 0.43 after speed-ab in the same one);
@@ -126,7 +158,11 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
         finally:
             if bar is not None:
                 bar.close()
-    clean = runs.pop(CLEAN, None)
+    parts = [runs.pop(label) for label in [label for label in runs if label.startswith(CLEAN)]]
+    clean = merge_clean(parts) if parts else None
+    if clean is not None and clean.status == RAN and command is gate_command and repo == REPO:
+        # the clean tree ran every gate unplanted: its seconds order the next proof's trees
+        timings.record({g: r["seconds"] for g, r in clean.gates.items() if r["status"] != matrix.SKIPPED})
     return matrix.judge(defects, runs, clean, gate_needs, cuda, options.complete, time.perf_counter() - t0)
 
 

@@ -24,7 +24,8 @@ PACKAGES = ("engine", "gates", "mutants", "fixtures")
 
 
 def gate_command(names: list[str], json_path: Path, device: str) -> list[str]:
-    cmd = [sys.executable, "-m", "gates.cli", "gates", "run", *names, "--json", str(json_path)]
+    # One pytest process a tree: prove already runs its trees in parallel (--jobs).
+    cmd = [sys.executable, "-m", "gates.cli", "gates", "run", *names, "--json", str(json_path), "--jobs", "1"]
     return cmd + (["--device", device] if device != "cpu" else [])
 
 

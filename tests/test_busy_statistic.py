@@ -111,3 +111,12 @@ def test_a_consistent_gap_under_one_point_is_under_the_floor_and_a_larger_one_is
     assert slightly.result == UNDER_THE_FLOOR and judge_busy("eager", slightly, None) == []
     clearly = PairedMedianAB("busy", sync, [v - .05 for v in sync], min_effect=BUSY_MIN_EFFECT)
     assert clearly.result == "behind" and judge_busy("eager", clearly, None)
+
+
+def test_the_spread_is_the_range_over_the_mean_and_zero_for_all_zero_legs():
+    """speed-ab's noise floor: (max - min) / mean; legs that all measured 0 have no spread (not a
+    division by zero, not a floor that hides every delta). Found by a mutation run of gates.measure."""
+    from gates.measure import spread
+    assert spread([2.0, 4.0]) == pytest.approx(2 / 3)
+    assert spread([5.0]) == 0.0
+    assert spread([0.0, 0.0]) == 0.0

@@ -3,6 +3,7 @@ JUnit. That every gate's checks go red on a doctored trace is tests/test_gate_ch
 import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,55 @@ def harness_run(tmp_path_factory):
     json_path, junit_path = tmp / "gates.json", tmp / "gates.xml"
     result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True)
     return result, json.loads(json_path.read_text()), ET.parse(junit_path)
+
+
+@pytest.mark.slow
+def test_gates_run_in_parallel_give_the_serial_report(tmp_path):
+    """`--jobs 2` spreads the gates over two pytest processes and runs busy (timed) alone after
+    them; each gate's result, the summary and the JUnit suites equal the one-process run's. Fake
+    gates (no engine) keep it cheap: the merge is what is tested, not the gates."""
+    from gates.run import plan, run_gates
+    gates = []
+    for name, source in FAKE_GATES.items():
+        path = tmp_path / f"fake_{name.replace('-', '_')}.py"
+        path.write_text(source)
+        gates.append(registry.Gate(f"fake-{name}", path.stem, f"fake gate {name}",
+                                   "cuda" if name == "cuda-pass" else "cpu", path))
+    gates.insert(2, registry.by_name(["busy"])[0])
+    phases = plan(gates, 2)
+    assert len(phases) == 2 and len(phases[0]) == 2 and [g.name for g in phases[1][0]] == ["busy"]
+    serial = run_gates(gates, None, str(tmp_path / "serial.xml"), quiet=True, jobs=1)
+    parallel = run_gates(gates, None, str(tmp_path / "parallel.xml"), quiet=True, jobs=2)
+
+    def comparable(result):
+        return [{**{k: v for k, v in g.items() if k != "seconds"},
+                 "tests": [{k: v for k, v in t.items() if k != "seconds"} for t in g["tests"]]}
+                for g in result["gates"]]
+    assert [g["name"] for g in parallel["gates"]] == [g.name for g in gates]
+    assert comparable(parallel) == comparable(serial)
+    assert parallel["summary"] == serial["summary"] and parallel["exit_status"] == serial["exit_status"] == 1
+    assert parallel["command"].count(" -m pytest ") == 3 and serial["command"].count(" -m pytest ") == 1
+
+    def suites(name):
+        return [(s.get("name"), s.get("tests"), s.get("failures"), s.get("errors"), s.get("skipped"))
+                for s in ET.parse(tmp_path / name).getroot().findall("testsuite")]
+    assert suites("parallel.xml") == suites("serial.xml")
+
+
+def test_plan_balances_untimed_gates_and_runs_timed_ones_alone():
+    from gates import timings
+    from gates.run import plan
+    gates = registry.by_name([])
+    known = {"lossless": 40.0, "combine": 10.0, "emit-count": 12.0, "predicate-split": 15.0}
+    phases = plan(gates, 2, known)
+    untimed, timed = phases
+    assert [g.name for g in timed[0]] == [g.name for g in gates if g.timed] == ["speed-ab", "busy"]
+    assert sorted(g.name for group in untimed for g in group) == sorted(g.name for g in gates if not g.timed)
+    totals = sorted(sum(timings.estimate(g.name, known) for g in group) for group in untimed)
+    smallest = min(timings.estimate(g.name, known) for g in gates if not g.timed)
+    assert len(untimed) == 2 and totals[1] - totals[0] <= smallest
+    assert plan(gates, 1, known) == [[gates]]  # one process, registry order: what prove's trees run
+    assert plan(gates, 2, known) == phases  # deterministic
 
 
 @pytest.mark.slow

@@ -16,6 +16,10 @@ from engine.tokenizer import HFTokenizer
 transformers = pytest.importorskip("transformers")
 from conftest import LLAMA2, LLAMA3, edit_json  # noqa: E402  (tests/conftest.py)
 
+# One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
+# `make test` runs --dist loadgroup, which keeps this group together.
+pytestmark = pytest.mark.xdist_group("hf-folders")
+
 PROMPTS = ["def wrap(text, width=70):", "import string\n", "x", 'class Formatter:\n    """Format a string.\n']
 MAX_NEW = 24
 

@@ -22,6 +22,10 @@ from engine.model import LlamaForCausalLM
 from engine.runtime import file_sha256
 from fixtures import DRAFTER_DIR
 
+# One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
+# `make test` runs --dist loadgroup, which keeps this group together.
+pytestmark = pytest.mark.xdist_group("hf-folders")
+
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=260, hidden_size=8,
             intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
             max_position_embeddings=64, tie_word_embeddings=False)

@@ -11,6 +11,10 @@ from safetensors.torch import load_file
 from engine import SamplingParams
 from engine.tokenizer import EOS_ID, PAD_ID, ByteTokenizer
 
+# One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
+# `make test` runs --dist loadgroup, which keeps this group together.
+pytestmark = pytest.mark.xdist_group("hf-folders")
+
 transformers = pytest.importorskip("transformers")
 
 SNIPPET_100 = ('def read_lines(path):\n    with open(path) as f:\n        return [line.rstrip() '

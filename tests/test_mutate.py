@@ -103,7 +103,9 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
     assert not (staging / "mutants" / "catalogue.py").exists()
     config = tomllib.loads((staging / "pyproject.toml").read_text())["tool"]["mutmut"]
-    assert config["source_paths"] == ["engine"] and "mutants" not in config["also_copy"]
+    assert config["source_paths"] == ["engine", "gates"] and "mutants" not in config["also_copy"]
+    assert config["only_mutate"] == ["engine/*", *mutation_stage.MUTATED_GATES] and "gates" not in config["also_copy"]
+    assert all((REPO / path).is_file() for path in mutation_stage.MUTATED_GATES)
     assert config["timeout_multiplier"] < 15, "mutmut's default lets a hung mutant hold a core for long"
 
 
@@ -189,7 +191,8 @@ def test_equivalents_need_a_reason_and_go_stale_when_the_mutant_changes(tmp_path
 
 def test_the_committed_equivalents_and_baseline_are_well_formed():
     for eq in mutation_results.load_equivalents().values():
-        assert eq.name.startswith("engine.") and "__mutmut_" in eq.name and len(eq.reason) > 10
+        assert eq.name.startswith(("engine.", "gates.")) and "__mutmut_" in eq.name and len(eq.reason) > 10
+        assert eq.function_hash is None or len(eq.function_hash) == 12
     baseline = mutation_ratchet.load_baseline()
     assert baseline is None or 0 < baseline <= 1
 

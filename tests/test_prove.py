@@ -97,7 +97,7 @@ def test_mutants_holds_no_mutmut_files():
     ours = {"__init__.py", "catalogue.py", "apply.py", "matrix.py", "prove.py", "prover.py", "child_env.py",
             "README.md", "patches", "__pycache__", "mutate.py", "mutation_stage.py", "mutation_run.py",
             "mutation_results.py", "mutation_ratchet.py", "mutation_diff.py", "mutation_plugin.py",
-            "mutation_report.py", "viewer.py", "proof_html.py",
+            "mutation_report.py", "viewer.py", "proof_html.py", "mutation_shard.py", "mutation_merge.py",
             "mutation-testing-report.schema.json",
             "equivalent-mutants.toml", "mutation-baseline.json"}
     assert {p.name for p in folder.iterdir()} <= ours

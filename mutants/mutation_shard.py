@@ -1,0 +1,101 @@
+"""Which mutants a run tests: every mutant listed up front, the reviewed ones not re-run while their
+function is unchanged, a deterministic shard of the rest, and shard reports merged into one.
+
+- The list: mutmut's own mutation of each source file (`mutate_file_contents`, in the staging
+  folder, where mutmut reads its configuration) names every mutant and hashes its function the
+  way mutmut does. It is cached in the staging folder by the sources' digest.
+- Reviewed, not re-run: an entry of equivalent-mutants.toml with a `function_hash` equal to its
+  function's hash now was reviewed on this very code; the run does not test it again and the
+  report marks it "reviewed, not re-run". Any change to the function changes the hash, and the
+  mutant is tested again (and its entry goes stale if its verdict changed).
+- Shard I of N: the mutants sorted by file, function and number, every N-th from the I-th. Each
+  function's mutants are spread evenly over the shards, so the shards cost about the same
+  whatever a function's tests cost.
+"""
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mutants.mutation_results import Equivalent
+from mutants.mutation_stage import SOURCES, STAGING, is_mutated
+
+CUDA_ONLY = "CUDA-only"
+_LIST_SCRIPT = """
+import json, sys
+from pathlib import Path
+from mutmut.mutation.file_mutation import mutate_file_contents
+from mutmut.utils.format_utils import get_mutant_name
+out = {}
+for path in map(Path, sys.argv[1:]):
+    mutated = mutate_file_contents(str(path), path.read_text())
+    hashes = mutated.hash_by_function_name
+    for name in mutated.mutant_names:
+        out[get_mutant_name(path, name)] = hashes.get(name.rpartition("__mutmut_")[0], "")
+json.dump(out, sys.stdout)
+"""
+
+
+def sources_digest(staging: Path = STAGING) -> str:
+    h = hashlib.sha256()
+    for path in mutated_files(staging):
+        h.update(str(path.relative_to(staging)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def mutated_files(staging: Path) -> list[Path]:
+    return sorted(p for source in SOURCES for p in (staging / source).rglob("*.py")
+                  if is_mutated(p.relative_to(staging).as_posix()))
+
+
+def list_mutants(staging: Path = STAGING) -> dict[str, str]:
+    """Every mutant of the staged sources -> its function's hash (mutmut's), in mutmut's naming."""
+    digest, cache = sources_digest(staging), staging / "mutant-list.json"
+    if cache.exists():
+        cached = json.loads(cache.read_text())
+        if cached.get("digest") == digest:
+            return cached["mutants"]
+    files = [str(p.relative_to(staging)) for p in mutated_files(staging)]
+    proc = subprocess.run([sys.executable, "-c", _LIST_SCRIPT, *files], cwd=staging, capture_output=True, text=True)
+    if proc.returncode:
+        raise ValueError(f"listing the mutants failed: {proc.stderr.strip().splitlines()[-1:]}")
+    mutants = json.loads(proc.stdout)
+    cache.write_text(json.dumps({"digest": digest, "mutants": mutants}))
+    return mutants
+
+
+def order_key(name: str) -> tuple:
+    function, _, number = name.rpartition("__mutmut_")
+    return function, int(number) if number.isdigit() else -1, name
+
+
+def shard(names, index: int, count: int) -> list[str]:
+    """Shard `index` (1-based) of `count`: every count-th mutant in (function, number) order."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}: need 1 <= I <= N")
+    return [n for i, n in enumerate(sorted(names, key=order_key)) if i % count == index - 1]
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 2/4") from None
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard {text}: need 1 <= I <= N")
+    return index, count
+
+
+def reviewed_unchanged(equivalents: dict[str, Equivalent], hashes: dict[str, str]) -> set[str]:
+    """Reviewed mutants whose function is byte for byte the one reviewed (same mutmut hash)."""
+    return {name for name, eq in equivalents.items()
+            if eq.function_hash and hashes.get(name) == eq.function_hash}
+
+
+def cuda_only(equivalents: dict[str, Equivalent]) -> list[str]:
+    return sorted((n for n, eq in equivalents.items() if eq.reason.startswith(CUDA_ONLY)), key=order_key)
+
+
+def listing_digest(names) -> str:
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]

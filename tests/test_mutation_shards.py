@@ -1,0 +1,154 @@
+"""Sharded mutation runs: shards cover every mutant exactly once, a real mutmut run per shard merges
+into the verdicts of one run over everything, reviewed mutants of unchanged functions are not
+re-run, and the CI workflow's matrix agrees with the command line."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml  # PyYAML, pinned in requirements-dev.txt
+
+from mutants import mutation_merge, mutation_results, mutation_run, mutation_shard
+from mutants.mutation_report import write_reports
+from mutants.mutation_results import Equivalent
+
+REPO = Path(__file__).resolve().parent.parent
+CALC = ("def add(a, b):\n    return a + b\n\n\n"
+        "def scale(x):\n    return x * 3\n\n\n"
+        "def half(x):\n    return x // 2\n")
+TEST = ("from engine.calc import add, half\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_half():\n    assert half(4) == 2\n")
+
+
+def make_staging(folder: Path) -> Path:
+    (folder / "engine").mkdir(parents=True)
+    (folder / "tests").mkdir()
+    (folder / "engine" / "__init__.py").write_text("")
+    (folder / "engine" / "calc.py").write_text(CALC)
+    (folder / "tests" / "test_calc.py").write_text(TEST)
+    (folder / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["engine"]\n'
+                                           'pytest_add_cli_args_test_selection = ["tests"]\n')
+    return folder
+
+
+def test_shards_cover_every_mutant_exactly_once_and_spread_each_function():
+    names = [f"engine.m.x_f__mutmut_{i}" for i in range(1, 12)] + [f"engine.m.x_g__mutmut_{i}" for i in range(1, 4)]
+    for count in (1, 2, 3, 4, 7):
+        shards = [mutation_shard.shard(names, i, count) for i in range(1, count + 1)]
+        flat = [n for s in shards for n in s]
+        assert sorted(flat) == sorted(names) and len(flat) == len(set(flat))
+        sizes = [len(s) for s in shards]
+        assert max(sizes) - min(sizes) <= 1
+        f_counts = [sum(1 for n in s if ".x_f__" in n) for s in shards]
+        assert max(f_counts) - min(f_counts) <= 1, "one function's mutants must spread over the shards"
+    assert mutation_shard.shard(list(reversed(names)), 2, 3) == mutation_shard.shard(names, 2, 3)  # deterministic
+    assert mutation_shard.shard(names, 1, 3)[:2] == ["engine.m.x_f__mutmut_1", "engine.m.x_f__mutmut_4"]
+    for bad in ("0/4", "5/4", "x", "1/0"):
+        with pytest.raises(ValueError):
+            mutation_shard.parse_shard(bad)
+
+
+def test_reviewed_mutants_are_not_re_run_only_while_their_function_is_unchanged():
+    eqs = {"a": Equivalent("a", "x", "same", "h1"), "b": Equivalent("b", "y", "same", "h2"),
+           "c": Equivalent("c", "z", "CUDA-only: a GPU path", None)}
+    assert mutation_shard.reviewed_unchanged(eqs, {"a": "h1", "b": "changed", "c": "h3"}) == {"a"}
+    assert mutation_shard.cuda_only(eqs) == ["c"]
+
+
+def _shard_report(staging: Path, names: list[str], out: Path, index: int, count: int, digest: str, total: int) -> None:
+    rc = mutation_run.run_mutmut(names, 1, out.parent / f"mutmut-{index}.log", staging)
+    assert rc == 0, (out.parent / f"mutmut-{index}.log").read_text()[-2000:]
+    records = mutation_results.read_results([], {}, staging, names=set(names))
+    write_reports(out, records, {"engine/calc.py": CALC}, {"mode": "shard", "shard": f"{index}/{count}",
+                                                           "listing_digest": digest, "mutants_in_scope": total})
+
+
+def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
+    """Real mutmut 3.8: the two-function package's mutants in one run, and in two shards (each in
+    a staging folder of its own, as on two CI machines); the merged verdicts are the one run's."""
+    single = make_staging(tmp_path / "single")
+    assert mutation_run.run_mutmut([], 1, tmp_path / "single.log", single) == 0
+    one_run = {r.name: r.status for r in mutation_results.read_results([], {}, single)}
+    assert set(one_run.values()) == {"killed", "survived", "no tests"}
+    listing = mutation_shard.list_mutants(make_staging(tmp_path / "listing"))
+    assert sorted(listing) == sorted(one_run), "the listing names exactly mutmut's mutants"
+    digest = mutation_shard.listing_digest(listing)
+    folders = []
+    for index in (1, 2):
+        staging = make_staging(tmp_path / f"shard{index}")
+        folders.append(tmp_path / f"report{index}")
+        _shard_report(staging, mutation_shard.shard(listing, index, 2), folders[-1], index, 2, digest, len(listing))
+    records, meta = mutation_merge.combine([mutation_merge.read_report(f) for f in folders])
+    assert {r.name: r.status for r in records} == one_run
+    assert meta["complete"] and meta["shards"] == "2 of 2"
+    partial, meta = mutation_merge.combine([mutation_merge.read_report(folders[0])])
+    assert not meta["complete"] and len(partial) < len(one_run)
+    with pytest.raises(ValueError, match="given twice|two shards"):
+        mutation_merge.combine([mutation_merge.read_report(folders[0])] * 2)
+    other = tmp_path / "other"
+    shutil.copytree(folders[1], other)
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "listing_digest": "elsewhere"}))
+    with pytest.raises(ValueError, match="different runs"):
+        mutation_merge.combine([mutation_merge.read_report(folders[0]), mutation_merge.read_report(other)])
+
+
+def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
+    from mutants.mutation_report import MutantRecord
+    diff = "--- engine/calc.py\n+++ engine/calc.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
+
+    def rec(name, status):
+        return MutantRecord(name=name, path="engine/calc.py", function="f", status=status, diff=diff)
+    cpu = [rec("engine.calc.x_f__mutmut_1", "survived"), rec("engine.calc.x_f__mutmut_2", "killed")]
+    write_reports(tmp_path / "cpu", cpu, {}, {"mode": "shard", "shard": "1/1", "listing_digest": "d",
+                                              "mutants_in_scope": 2})
+    write_reports(tmp_path / "gpu", [rec("engine.calc.x_f__mutmut_1", "killed")], {}, {"mode": "cuda-only"})
+    records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("cpu", "gpu")])
+    assert [r.status for r in records] == ["killed", "killed"] and meta["cuda_verdicts"] == 1 and meta["complete"]
+
+
+def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
+    import argparse
+
+    from mutants.mutate import add_mutate_parser
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "mutation.yml").read_text())
+    jobs = workflow["jobs"]
+    shards = jobs["shard"]["strategy"]["matrix"]["shard"]
+    count = len(shards)
+    assert count >= 2 and shards == list(range(1, count + 1))
+    run_steps = [s["run"] for s in jobs["shard"]["steps"] if "run" in s]
+    shard_cmd = next(r for r in run_steps if "mutate" in r and "--shard" in r)
+    assert f"--shard ${{{{ matrix.shard }}}}/{count}" in shard_cmd
+    assert jobs["merge"]["needs"] == "shard" or jobs["merge"]["needs"] == ["shard"]
+    merge_cmd = next(s["run"] for s in jobs["merge"]["steps"] if "run" in s and "mutate merge" in s["run"])
+    assert sorted(w for w in merge_cmd.split() if w.startswith("shards/")) == \
+        [f"shards/mutation-shard-{i}" for i in range(1, count + 1)], "the merge must name every shard's report"
+    ap = argparse.ArgumentParser()
+    add_mutate_parser(ap.add_subparsers(dest="command"))
+    for cmd in (shard_cmd.replace("${{ matrix.shard }}", "1"), merge_cmd):
+        argv = cmd.split("specgate_cli " if "specgate_cli " in cmd else "specgate ", 1)[1].split()
+        args = ap.parse_args(argv)  # the workflow's commands parse with the real options
+        assert args.command == "mutate"
+    assert mutation_shard.parse_shard(f"{count}/{count}") == (count, count)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shard", "5/4"], "need 1 <= I <= N"),
+    (["--shard", "two/4"], "expected I/N"),
+    (["--shard", "1/4", "--since", "HEAD"], "take no --since"),
+    (["--shard", "1/4", "--cuda-only"], "take no --since"),
+    (["--cuda-only", "--update-baseline"], "take no --since"),
+    (["merge"], "usage: specgate mutate merge"),
+    (["nonsense", "dir"], "usage: specgate mutate merge"),
+])
+def test_bad_shard_cuda_and_merge_arguments_exit_2_with_a_clear_error(capsys, args, message):
+    from specgate_cli import main
+    assert main(["mutate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_merge_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
+    from specgate_cli import main
+    assert main(["mutate", "merge", str(tmp_path)]) == 2
+    assert "not a mutation report folder" in capsys.readouterr().err

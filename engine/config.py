@@ -30,13 +30,18 @@ def read_config_json(folder: Path, kind: str) -> tuple[Path, dict]:
         raise ModelLoadError(f"{kind} folder {folder} does not exist or is not a folder")
     if not path.is_file():
         raise ModelLoadError(f"{kind} folder {folder} has no config.json")
+    return path, read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path`, or a ModelLoadError naming the file."""
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{path} must hold a JSON object")
-    return path, raw
+    return raw
 
 
 def require_fields(path: Path | str, raw: dict, required) -> None:

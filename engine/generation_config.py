@@ -4,12 +4,11 @@ As in transformers, the file's eos_token_id (an int or a list) replaces config.j
 the file, config.json's ids apply. Its sampling keys become the defaults of a request that gives
 no SamplingParams. Keys are checked against GENERATION_CONFIG_KEYS (engine/hf_config.py).
 """
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, read_json_object
 from engine.errors import ModelLoadError
 from engine.hf_config import GENERATION_CONFIG_KEYS, check_keys
 from engine.sampling import SamplingParams
@@ -30,12 +29,7 @@ class GenerationDefaults:
         path = Path(model_dir) / GENERATION_CONFIG_FILE
         if not path.is_file():
             return cls(model_config.eos_token_ids)
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object")
+        raw = read_json_object(path)
         try:
             check_keys(raw, GENERATION_CONFIG_KEYS, str(path))
         except ValueError as e:

@@ -24,19 +24,20 @@ def test_heldout_prompts_start_at_a_def_and_skip_short_files():
                      "b.py": "y = 2\n" * 50,
                      "c.py": "\ndef g():\n" + "    pass\n" * 40})
     w = bench.heldout_workload(corpus, num_prompts=2, prompt_bytes=40, max_tokens=9, temperature=0.5)
-    assert w.prompts == [corpus.files["a.py"][11:51], corpus.files["b.py"][:40]]
-    assert (w.max_tokens, w.temperature) == (9, 0.5)
+    assert w.prompts == (corpus.files["a.py"][11:51], corpus.files["b.py"][:40])
+    assert (w.max_tokens_json(), w.temperature) == (9, 0.5)
     assert len(bench.heldout_workload(corpus, num_prompts=5, prompt_bytes=40).prompts) == 3
     exact = bench.heldout_workload(Corpus({"e.py": "z" * 20}), prompt_bytes=40)
-    assert exact.prompts == ["z" * 20], "a snippet of exactly half the bytes still counts"
-    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), prompt_bytes=40).prompts == []
+    assert exact.prompts == ("z" * 20,), "a snippet of exactly half the bytes still counts"
+    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), prompt_bytes=40).prompts == ()
 
 
 def test_a_workload_fingerprint_names_its_prompts_tokens_and_temperature():
-    w = Workload(["a", "b"], 8, 0.0)
-    same = Workload(["a", "b"], 8, 0.0)
+    w = Workload.uniform(["a", "b"], 8, 0.0)
+    same = Workload.uniform(["a", "b"], 8, 0.0)
     assert w.fingerprint() == same.fingerprint() and len(w.fingerprint()) == 16
-    others = [Workload(["b", "a"], 8, 0.0), Workload(["a", "b"], 9, 0.0), Workload(["a", "b"], 8, 0.5)]
+    others = [Workload.uniform(["b", "a"], 8, 0.0), Workload.uniform(["a", "b"], 9, 0.0),
+              Workload.uniform(["a", "b"], 8, 0.5)]
     assert len({w.fingerprint(), *(o.fingerprint() for o in others)}) == 4
 
 
@@ -51,7 +52,7 @@ def test_run_bench_builds_one_engine_per_concurrency_and_runs_every_leg(monkeypa
         ran.append((llm.c, concurrency, index, warmup_legs))
         return index
     monkeypatch.setattr(bench, "run_leg", run_leg)
-    legs = bench.run_bench(make_llm, Workload(["p"], 4, 0.0), [1, 8], legs=3, warmup_legs=2, progress=False)
+    legs = bench.run_bench(make_llm, Workload.uniform(["p"], 4, 0.0), [1, 8], legs=3, warmup_legs=2, progress=False)
     assert built == [1, 8]
     assert ran == [(c, c, i, 2) for c in (1, 8) for i in range(3)]
     assert legs == [0, 1, 2, 0, 1, 2]
@@ -65,7 +66,7 @@ def leg(c, i, warm, tps=10.0):
 
 
 def test_the_report_holds_the_workload_the_meta_every_leg_and_the_fold():
-    w = Workload(["a", "b", "c"], 16, 0.7)
+    w = Workload.uniform(["a", "b", "c"], 16, 0.7)
     legs = [leg(1, 0, False), leg(1, 1, True, 12.0)]
     out = bench.report(legs, w, {"spec": "ngram", "k": 4})
     assert out["workload"] == {"fingerprint": w.fingerprint(), "num_prompts": 3, "max_tokens": 16,
@@ -77,5 +78,6 @@ def test_the_report_holds_the_workload_the_meta_every_leg_and_the_fold():
 
 def test_the_plot_is_a_png(tmp_path):
     path = tmp_path / "bench.png"
-    bench.plot([leg(1, 0, False), leg(1, 1, True), leg(8, 0, False, 30.0), leg(8, 1, True, 31.0)], path, "t")
+    legs = [leg(1, 0, False), leg(1, 1, True), leg(8, 0, False, 30.0), leg(8, 1, True, 31.0)]
+    bench.plot(bench.figures(legs, spec=False), path, "t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 export OMP_NUM_THREADS ?= 1
 # Processes at once: pytest-xdist workers for `make test`, gate processes for `make gates`,
 # trees for `make prove` (README, "Speed").
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+JOBS ?= $(shell env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 2)
 # JOBS=1: the test suite in this process (-n 0), without xdist workers.
 XDIST = $(if $(filter 1,$(JOBS)),-n 0,-n $(JOBS) --dist loadgroup)
 
@@ -24,7 +24,7 @@ $(STAMP):
 
 test: venv
 	$(PY) -m pytest tests $(XDIST)
-	$(MAKE) prove
+	$(MAKE) prove JOBS=$(JOBS)
 
 # Plant every seeded defect in a copy of the tree: each must turn its gates red, the clean tree green.
 prove: venv

@@ -97,13 +97,20 @@ def test_verify_emits_the_target_distribution_at_every_position(gate_record, dra
     results = distribution.position_p_values(*distribution.verify_round(60_000, 6, 3, drafter, lossy))
     gate_record.measure(drafter=drafter, lossy=lossy, positions=[{"rounds": n, "p_value": pv} for n, pv in results])
     assert all(n >= 1000 for n, _ in results), f"a position was rarely reached: {results}"
+    judge_positions(gate_record, results, lossy, "negative control failed", "verify's output")
+
+
+def judge_positions(gate_record, results: list[tuple[int, float]], lossy: bool, control_claim: str,
+                    what: str) -> None:
+    """Per-position (rounds, p-value) of a verify-level chi-square: the worst must fail for the
+    negative control (which then claims `control_claim`) and pass for the real verify."""
     worst = min(pv for _, pv in results)
     if lossy:
         assert worst < P_VALUE_THRESHOLD, f"the negative control passed the test: {results}"
-        gate_record.occurred("negative control failed")
+        gate_record.occurred(control_claim)
     else:
         gate_record.evidence(positions=results)
-        assert worst > P_VALUE_THRESHOLD, f"verify's output is not distributed as the target: {results}"
+        assert worst > P_VALUE_THRESHOLD, f"{what} is not distributed as the target: {results}"
 
 
 def engine_p_values(llm, outs, params, drafter: str) -> dict[str, tuple[int, float]]:
@@ -202,10 +209,5 @@ def test_verify_with_the_block_drafters_own_q_emits_the_target_distribution(make
     assert all(n >= 500 for n, _ in results), f"a position was rarely reached: {results}"
     gate_record.measure(lossy=lossy, q_support=support, positions=[{"rounds": n, "p_value": pv} for n, pv in results])
     assert support < q.shape[-1], "top-k/top-p did not cut the drafter's q"
-    worst = min(pv for _, pv in results)
-    if lossy:
-        assert worst < P_VALUE_THRESHOLD, f"the negative control passed the test: {results}"
-        gate_record.occurred("block drafter q negative control failed")
-    else:
-        gate_record.evidence(positions=results)
-        assert worst > P_VALUE_THRESHOLD, f"verify with the drafter's q is not distributed as the target: {results}"
+    judge_positions(gate_record, results, lossy, "block drafter q negative control failed",
+                    "verify with the drafter's q")

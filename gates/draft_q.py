@@ -28,7 +28,9 @@ MIN_EXPECTED = 5        # chi-square cells expected fewer times than this are po
 
 
 class DraftRecorder:
-    """Wraps llm.runner.proposer.propose; `calls` holds a host copy of every proposal."""
+    """Wraps llm.runner.proposer.propose; `calls` holds a copy of every proposal, on the engine's
+    device (a host copy here would sync inside the step). Under CUDA graph replay the Python
+    propose does not run, so only eagerly executed proposals are recorded."""
 
     def __init__(self, llm):
         self.calls: list[dict] = []
@@ -61,6 +63,7 @@ def draft_q_difference(calls: list[dict]) -> Difference | None:
     """The first sampled row whose stored q is not the distribution its drafts came from (the
     Difference's step is the proposal's index in the run)."""
     for n, c in enumerate(calls):
+        c = {name: t.cpu() for name, t in c.items()}  # recorded on the engine's device
         sampled = c["temperature"] > 0
         if not sampled.any():
             continue

@@ -99,6 +99,7 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     from engine import bench
     from engine.runtime import model_checksums
+    _resolve_model_shape(args)
     if args.measure_load:
         return _measure_load(args)
     concurrencies = args.concurrency
@@ -154,6 +155,38 @@ def _measure_load(args) -> int:
     return 0
 
 
+def _resolve_model_shape(args) -> None:
+    """`bench --model-shape S`: the benchmark model folder of that shape, written if missing."""
+    if args.model_shape is None:
+        return
+    if args.model != str(TARGET_DIR):
+        raise SpecgateError("give --model or --model-shape, not both")
+    from engine.bench_model import write_bench_model
+    args.model = str(write_bench_model(args.model_shape, args.model_seed, progress=_progress))
+
+
+def _progress(message: str) -> None:
+    print(f"specgate: {message}", file=sys.stderr, flush=True)
+
+
+def cmd_bench_model_write(args) -> int:
+    from engine.bench_model import write_bench_model
+    print(write_bench_model(args.shape, args.seed, args.dir, progress=_progress))
+    return 0
+
+
+def add_bench_model_parser(sub) -> None:
+    from engine.bench_model import SHAPES
+    bm = sub.add_parser("bench-model", help="seeded random-weight benchmark models (no download)")
+    bm_sub = bm.add_subparsers(dest="bench_model_command", required=True)
+    w = bm_sub.add_parser("write", help="write a benchmark model folder unless it is complete; print its path")
+    w.add_argument("--shape", choices=list(SHAPES), default="llama-1b")
+    w.add_argument("--seed", type=int_at_least(0), default=0)
+    w.add_argument("--dir", default=None, help="folder (default: $SPECGATE_CACHE/bench-models/SHAPE-seedN, "
+                   "SPECGATE_CACHE defaulting to ~/.cache/specgate)")
+    w.set_defaults(func=cmd_bench_model_write)
+
+
 def main(argv=None) -> int:
     ap = Parser(prog="specgate", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -180,8 +213,14 @@ def main(argv=None) -> int:
                    help="write a PNG: tokens/s per leg (and τ, acceptance per position with --spec)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
+    from engine.bench_model import SHAPES
+    b.add_argument("--model-shape", choices=list(SHAPES), default=None,
+                   help="bench the seeded random-weight model of this shape (written to the cache if missing; "
+                   "`specgate bench-model write`) instead of --model")
+    b.add_argument("--model-seed", type=int_at_least(0), default=0, help="its seed (default 0)")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
+    add_bench_model_parser(sub)
     from gates.cli import add_gates_parser
     from mutants.catalogue import proven_against
     from mutants.mutate import add_mutate_parser

@@ -142,13 +142,16 @@ def cmd_bench(args) -> int:
 
 
 def _measure_load(args) -> int:
-    """`specgate bench --measure-load`: load time and peak host memory of the weights alone."""
-    from engine.config import DTYPES
-    from engine.loader import measure_load
-    m = measure_load(args.model, args.device, DTYPES[args.dtype] if args.dtype else None).as_dict()
+    """`specgate bench --measure-load`: load time and peak host memory of the weights alone,
+    measured in a fresh child process (engine/load_cost.py)."""
+    from engine.load_cost import measure_load_in_child
+    m = measure_load_in_child(args.model, args.device, args.dtype)
     device = f", device peak {m['device_peak_mib']} MiB" if m["device_peak_mib"] is not None else ""
-    print(f"load {m['seconds']} s, weights {m['weights_mib']} MiB, peak host memory {m['peak_rss_mib']} MiB "
-          f"(before the load {m['peak_rss_mib_before']} MiB){device}")
+    touch = f" (+{m['touch_seconds']} s to page the mapped weights in)" if m["touch_seconds"] is not None else ""
+    print(f"load {m['seconds']} s{touch}, weights {m['weights_mib']} MiB in {m['num_shards']} file(s), the largest "
+          f"{m['largest_shard_mib']} MiB; peak host memory {m['peak_rss_mib']} MiB (before the load "
+          f"{m['peak_rss_mib_before']} MiB, so the load added {m['load_added_mib']} MiB)"
+          f"{device}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load": m, "model": args.model, "device": args.device}, f, indent=2)

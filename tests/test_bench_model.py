@@ -132,3 +132,28 @@ def test_bench_with_a_model_shape_writes_the_folder_once_and_benches_it(monkeypa
     assert "wrote model-" not in capsys.readouterr().err  # cached: not written again
     assert specgate_cli.main(argv + ["--model", str(folder)]) == 2
     assert "give --model or --model-shape, not both" in capsys.readouterr().err
+
+
+def test_measure_load_reports_time_and_peak_host_memory_from_a_child_process(tiny_dir, tmp_path, capsys):
+    """`specgate bench --measure-load` on the sharded tiny folder: the figures come from a fresh
+    child (the parent's own high-water mark, here inflated on purpose, does not leak in), with the
+    largest shard beside them for comparison."""
+    import specgate_cli
+    from engine.load_cost import memory_mib
+    from engine.loader import load_model
+    ballast = torch.ones(64 * 2**20, dtype=torch.uint8) + 1  # 64 MiB more in this process's mark only
+    out = tmp_path / "load.json"
+    assert specgate_cli.main(["bench", "--model", str(tiny_dir), "--measure-load", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    load = json.loads(out.read_text())["load"]
+    weights = sum(p.numel() * p.element_size() for p in load_model(tiny_dir).parameters()) / 2**20
+    shards = sorted(p.stat().st_size for p in tiny_dir.glob("model-*.safetensors"))
+    assert load["weights_mib"] == pytest.approx(weights, abs=1e-3)
+    assert (load["num_shards"], load["largest_shard_mib"]) == (2, round(shards[-1] / 2**20, 3))
+    assert load["seconds"] > 0 and load["touch_seconds"] >= 0 and load["device_peak_mib"] is None
+    assert 0 < load["peak_rss_mib_before"] <= load["peak_rss_mib"] < 1024
+    assert load["load_added_mib"] == pytest.approx(load["peak_rss_mib"] - load["peak_rss_mib_before"], abs=1e-3)
+    assert load["measured_in"] == "a fresh child process"
+    assert load["peak_rss_mib"] < memory_mib()["peak"] - 32  # not this process's mark, ballast included
+    assert f"peak host memory {load['peak_rss_mib']} MiB" in printed and "the largest" in printed
+    del ballast

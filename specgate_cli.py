@@ -3,6 +3,8 @@
 The top of the import layers (see README's Layout): it hands the engine and the gates the
 fixture models as defaults, and joins the gate registry with the defect catalogue (which defects
 prove which gate), so that the packages below it import only downward.
+Over 300 lines because it holds every command's parser and thin handler (the benchmark model's
+subcommands among them), each a few lines over the engine or gates function it calls.
 """
 import argparse
 import json
@@ -178,6 +180,58 @@ def cmd_bench_model_write(args) -> int:
     return 0
 
 
+def _bench_model_dir(args) -> str:
+    if args.model is not None:
+        return args.model
+    from engine.bench_model import write_bench_model
+    return str(write_bench_model(args.shape, args.seed, progress=_progress))
+
+
+def _write_json(path, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {path}")
+
+
+def cmd_bench_model_decode(args) -> int:
+    from engine.bench_decode import decode_report
+    result = decode_report(_bench_model_dir(args), args.device, args.runners.split(","), args.arm, args.concurrency,
+                           args.prompt_len, args.max_tokens, args.legs, progress=_progress)
+    for arm, per_c in result["arms"].items():
+        for c, r in per_c.items():
+            floor = result["floor"][c]["ms"]
+            print(f"{arm} c={c}: {r['ms_per_step']} ms per step ({r['ms_per_step'] / floor:.2f}x the floor "
+                  f"{floor} ms), {r['tokens_per_s']} tokens/s")
+    _write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_model_peer(args) -> int:
+    from engine.bench_model import bench_prompts
+    from engine.bench_peer import transformers_peer
+    prompts = bench_prompts(max(args.concurrency), args.prompt_len)
+    result = transformers_peer(_bench_model_dir(args), prompts, args.concurrency, args.device, progress=_progress)
+    if not result["ran"]:
+        print(f"transformers peer not run: {result['why']}")
+    for c, r in result.get("per_concurrency", {}).items():
+        print(f"transformers c={c}: {r['ms_per_step']} ms per step")
+    _write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_model_summary(args) -> int:
+    from engine import bench_summary
+    spec = dict(pair.split("=", 1) for pair in args.spec)
+    result = bench_summary.summarize_files(args.decode, args.peer, args.load, spec)
+    _write_json(args.json, result)
+    if args.plot:
+        bench_summary.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    print(bench_summary.table(result))
+    return 0
+
+
 def add_bench_model_parser(sub) -> None:
     from engine.bench_model import SHAPES
     bm = sub.add_parser("bench-model", help="seeded random-weight benchmark models (no download)")
@@ -188,6 +242,33 @@ def add_bench_model_parser(sub) -> None:
     w.add_argument("--dir", default=None, help="folder (default: $SPECGATE_CACHE/bench-models/SHAPE-seedN, "
                    "SPECGATE_CACHE defaulting to ~/.cache/specgate)")
     w.set_defaults(func=cmd_bench_model_write)
+    for name, func, what in (("decode", cmd_bench_model_decode, "ms per plain decode step per runner, the copy "
+                              "bandwidth and the HBM floor"),
+                             ("peer", cmd_bench_model_peer, "ms per decode step of transformers' static-cache, "
+                              "compiled generate (CUDA only)")):
+        m = bm_sub.add_parser(name, help=what)
+        m.add_argument("--model", type=folder, default=None, help="model folder (default: the --shape folder)")
+        m.add_argument("--shape", choices=list(SHAPES), default="llama-1b")
+        m.add_argument("--seed", type=int_at_least(0), default=0)
+        m.add_argument("--device", type=device, default="cpu")
+        m.add_argument("--concurrency", type=int_list(1, 256), default=[1, 8], metavar="C[,C...]")
+        m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64, help="tokens per prompt (BOS + random bytes)")
+        m.add_argument("--json", type=output_file, default=None, metavar="FILE")
+        if name == "decode":
+            m.add_argument("--runners", choices=["sync", "async", "sync,async", "async,sync"], default="sync,async")
+            m.add_argument("--arm", choices=["graph", "eager"], default="graph")
+            m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
+            m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
+        m.set_defaults(func=func)
+    m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")
+    m.add_argument("--decode", default=None, metavar="FILE")
+    m.add_argument("--peer", default=None, metavar="FILE")
+    m.add_argument("--load", default=None, metavar="FILE", help="a `specgate bench --measure-load --json` report")
+    m.add_argument("--spec", action="append", default=[], metavar="LABEL=FILE",
+                   help="a `specgate bench --json` report; LABEL plain is the baseline (repeatable)")
+    m.add_argument("--json", type=output_file, default=None, metavar="FILE")
+    m.add_argument("--plot", type=output_file, default=None, metavar="FILE.png")
+    m.set_defaults(func=cmd_bench_model_summary)
 
 
 def main(argv=None) -> int:

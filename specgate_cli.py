@@ -117,10 +117,10 @@ def cmd_bench(args) -> int:
     def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
         print(f"bench: c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
-    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
+    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph), workload, concurrencies, args.legs,
                            args.warmup_legs, progress=terminal, on_leg=None if terminal else leg_line)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "max_model_len": _max_model_len(args),
+            "device": args.device, "graph": args.graph, "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}
     result = bench.report(legs, workload, meta)
     for c, s in result["summary"].items():
@@ -301,6 +301,7 @@ def main(argv=None) -> int:
     b.add_argument("--model-shape", choices=list(SHAPES), default=None,
                    help="bench the seeded random-weight model of this shape (written to the cache if missing; "
                    "`specgate bench-model write`) instead of --model")
+    b.add_argument("--graph", action="store_true", help="CUDA: replay each step as a CUDA graph (the graph arm)")
     b.add_argument("--model-seed", type=int_at_least(0), default=0, help="its seed (default 0)")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)

@@ -48,9 +48,12 @@ def transformers_peer(model_dir, prompts: list[list[int]], concurrencies: list[i
         return {"ran": False, "why": f"the peer runs on CUDA only (device {device}): transformers "
                                      "compiles a static-cache generate only on a GPU"}
     import transformers
-    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    # The folder's dtype (bf16) as specgate runs it; .to() also covers a transformers that reads
+    # `dtype` under another name.
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    model = model.to(device=device, dtype=torch.bfloat16).eval()
     max_cache_len = len(prompts[0]) + long
-    out = {"ran": True, "transformers": transformers.__version__, "dtype": "bfloat16",
+    out = {"ran": True, "transformers": transformers.__version__, "dtype": str(model.dtype),
            "method": f"(t(max_new_tokens={long}) - t({short})) / {long - short}, medians of {repeats}",
            "per_concurrency": {}}
     for c in concurrencies:
@@ -58,6 +61,8 @@ def transformers_peer(model_dir, prompts: list[list[int]], concurrencies: list[i
         t_long, tokens = time_generate(model, prompts[:c], long, max_cache_len, repeats)
         ms = (t_long - t_short) * 1e3 / (long - short)
         out["per_concurrency"][str(c)] = {"ms_per_step": round(ms, 4), "tokens_per_s": round(c * 1e3 / ms, 2),
+                                          # transformers keeps its compiled forward here once it compiled
+                                          "compiled": getattr(model, "_compiled_call", None) is not None,
                                           "seconds_short": round(t_short, 4), "seconds_long": round(t_long, 4),
                                           "first_tokens": tokens[0][:16]}
         if progress is not None:

@@ -101,6 +101,8 @@ def table(summary: dict) -> str:
                 best = min((r["ms_per_step"] for r in summary["rows"][c].values() if isinstance(r, dict)), default=None)
                 cells.append(f"{ms:.3f} ({ms / best:.2f}x best)" if ms and best else "-")
             lines.append(f"{'transformers static+compile':<28}" + "".join(f"{cell:>22}" for cell in cells))
+    if peer and peer.get("ran") and not all(p.get("compiled") for p in peer["per_concurrency"].values()):
+        lines.append(f"transformers peer: transformers {peer.get('transformers')} did NOT compile its forward")
     if peer and not peer.get("ran"):
         lines.append(f"transformers peer: not run ({peer['why']})")
     if load:

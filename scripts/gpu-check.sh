@@ -57,7 +57,7 @@ for stage in $stages; do
 import importlib, sys, torch
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, "
       f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-for name in ("pytest", "hypothesis", "scipy", "safetensors", "tokenizers", "tqdm", "matplotlib"):
+for name in ("pytest", "hypothesis", "scipy", "safetensors", "tokenizers", "tqdm", "matplotlib", "transformers"):
     try:
         print(f"{name} {importlib.import_module(name).__version__}")
     except ImportError as e:

@@ -94,7 +94,8 @@ def _bench(spec, c_rates: dict[str, tuple[float, float]]) -> dict:
 
 def test_the_summary_states_each_target_met_or_missed():
     decode = _decode({"graph/sync": {"1": 4.2, "8": 4.65}, "graph/async": {"1": 0.69, "8": 1.0}})
-    peer = {"ran": True, "per_concurrency": {"1": {"ms_per_step": 2.23}, "8": {"ms_per_step": 2.58}}}
+    peer = {"ran": True, "transformers": "5.24.0",
+            "per_concurrency": {"1": {"ms_per_step": 2.23, "compiled": True}, "8": {"ms_per_step": 2.58, "compiled": True}}}
     load = {"seconds": 1.5, "device": "cuda", "peak_rss_mib": 900.0, "peak_rss_mib_before": 400.0,
             "load_added_mib": 500.0, "largest_shard_mib": 465.0, "files_mib": 1858.0, "num_shards": 4}
     spec = {"plain": _bench(None, {"1": (1000.0, 1.0)}), "oracle-4.3": _bench("oracle", {"1": (3100.0, 4.3)}),
@@ -115,6 +116,9 @@ def test_the_summary_states_each_target_met_or_missed():
     assert "peak host memory 900 MiB (500 MiB over the 400 MiB baseline; largest of 4 shards 465.0 MiB" in text
     assert text.splitlines()[-1].startswith("target MISSED graph/async c=8 at least 3.0x") is False
     assert "target MISSED graph/async c=8 at most 2.0x the HBM floor: 2.128" in text
+    assert "did NOT compile" not in text
+    peer["per_concurrency"]["8"]["compiled"] = False
+    assert "transformers peer: transformers 5.24.0 did NOT compile its forward" in table(summarize(decode, peer))
     json.dumps(s)  # the summary is the JSON the script writes
 
 

@@ -3,6 +3,8 @@
 The top of the import layers (see README's Layout): it hands the engine and the gates the
 fixture models as defaults, and joins the gate registry with the defect catalogue (which defects
 prove which gate), so that the packages below it import only downward.
+Over 300 lines because it holds every command's parser and thin handler (the benchmark model's
+subcommands among them), each a few lines over the engine or gates function it calls.
 """
 import argparse
 import json
@@ -99,6 +101,7 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     from engine import bench
     from engine.runtime import model_checksums
+    _resolve_model_shape(args)
     if args.measure_load:
         return _measure_load(args)
     concurrencies = args.concurrency
@@ -114,10 +117,10 @@ def cmd_bench(args) -> int:
     def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
         print(f"bench: c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
-    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c), workload, concurrencies, args.legs,
+    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph), workload, concurrencies, args.legs,
                            args.warmup_legs, progress=terminal, on_leg=None if terminal else leg_line)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "max_model_len": _max_model_len(args),
+            "device": args.device, "graph": args.graph, "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}
     result = bench.report(legs, workload, meta)
     for c, s in result["summary"].items():
@@ -141,17 +144,131 @@ def cmd_bench(args) -> int:
 
 
 def _measure_load(args) -> int:
-    """`specgate bench --measure-load`: load time and peak host memory of the weights alone."""
-    from engine.config import DTYPES
-    from engine.loader import measure_load
-    m = measure_load(args.model, args.device, DTYPES[args.dtype] if args.dtype else None).as_dict()
+    """`specgate bench --measure-load`: load time and peak host memory of the weights alone,
+    measured in a fresh child process (engine/load_cost.py)."""
+    from engine.load_cost import measure_load_in_child
+    m = measure_load_in_child(args.model, args.device, args.dtype)
     device = f", device peak {m['device_peak_mib']} MiB" if m["device_peak_mib"] is not None else ""
-    print(f"load {m['seconds']} s, weights {m['weights_mib']} MiB, peak host memory {m['peak_rss_mib']} MiB "
-          f"(before the load {m['peak_rss_mib_before']} MiB){device}")
+    touch = f" (+{m['touch_seconds']} s to page the mapped weights in)" if m["touch_seconds"] is not None else ""
+    print(f"load {m['seconds']} s{touch}, weights {m['weights_mib']} MiB in {m['num_shards']} file(s), the largest "
+          f"{m['largest_shard_mib']} MiB; peak host memory {m['peak_rss_mib']} MiB (before the load "
+          f"{m['peak_rss_mib_before']} MiB, so the load added {m['load_added_mib']} MiB)"
+          f"{device}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load": m, "model": args.model, "device": args.device}, f, indent=2)
     return 0
+
+
+def _resolve_model_shape(args) -> None:
+    """`bench --model-shape S`: the benchmark model folder of that shape, written if missing."""
+    if args.model_shape is None:
+        return
+    if args.model != str(TARGET_DIR):
+        raise SpecgateError("give --model or --model-shape, not both")
+    from engine.bench_model import write_bench_model
+    args.model = str(write_bench_model(args.model_shape, args.model_seed, progress=_progress))
+
+
+def _progress(message: str) -> None:
+    print(f"specgate: {message}", file=sys.stderr, flush=True)
+
+
+def cmd_bench_model_write(args) -> int:
+    from engine.bench_model import write_bench_model
+    print(write_bench_model(args.shape, args.seed, args.dir, progress=_progress))
+    return 0
+
+
+def _bench_model_dir(args) -> str:
+    if args.model is not None:
+        return args.model
+    from engine.bench_model import write_bench_model
+    return str(write_bench_model(args.shape, args.seed, progress=_progress))
+
+
+def _write_json(path, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {path}")
+
+
+def cmd_bench_model_decode(args) -> int:
+    from engine.bench_decode import decode_report
+    result = decode_report(_bench_model_dir(args), args.device, args.runners.split(","), args.arm, args.concurrency,
+                           args.prompt_len, args.max_tokens, args.legs, progress=_progress)
+    for arm, per_c in result["arms"].items():
+        for c, r in per_c.items():
+            floor = result["floor"][c]["ms"]
+            print(f"{arm} c={c}: {r['ms_per_step']} ms per step ({r['ms_per_step'] / floor:.2f}x the floor "
+                  f"{floor} ms), {r['tokens_per_s']} tokens/s")
+    _write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_model_peer(args) -> int:
+    from engine.bench_model import bench_prompts
+    from engine.bench_peer import transformers_peer
+    prompts = bench_prompts(max(args.concurrency), args.prompt_len)
+    result = transformers_peer(_bench_model_dir(args), prompts, args.concurrency, args.device, progress=_progress)
+    if not result["ran"]:
+        print(f"transformers peer not run: {result['why']}")
+    for c, r in result.get("per_concurrency", {}).items():
+        print(f"transformers c={c}: {r['ms_per_step']} ms per step")
+    _write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_model_summary(args) -> int:
+    from engine import bench_summary
+    spec = dict(pair.split("=", 1) for pair in args.spec)
+    result = bench_summary.summarize_files(args.decode, args.peer, args.load, spec)
+    _write_json(args.json, result)
+    if args.plot:
+        bench_summary.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    print(bench_summary.table(result))
+    return 0
+
+
+def add_bench_model_parser(sub) -> None:
+    from engine.bench_model import SHAPES
+    bm = sub.add_parser("bench-model", help="seeded random-weight benchmark models (no download)")
+    bm_sub = bm.add_subparsers(dest="bench_model_command", required=True)
+    w = bm_sub.add_parser("write", help="write a benchmark model folder unless it is complete; print its path")
+    w.add_argument("--shape", choices=list(SHAPES), default="llama-1b")
+    w.add_argument("--seed", type=int_at_least(0), default=0)
+    w.add_argument("--dir", default=None, help="folder (default: $SPECGATE_CACHE/bench-models/SHAPE-seedN, "
+                   "SPECGATE_CACHE defaulting to ~/.cache/specgate)")
+    w.set_defaults(func=cmd_bench_model_write)
+    for name, func, what in (("decode", cmd_bench_model_decode, "ms per plain decode step per runner, the copy "
+                              "bandwidth and the HBM floor"),
+                             ("peer", cmd_bench_model_peer, "ms per decode step of transformers' static-cache, "
+                              "compiled generate (CUDA only)")):
+        m = bm_sub.add_parser(name, help=what)
+        m.add_argument("--model", type=folder, default=None, help="model folder (default: the --shape folder)")
+        m.add_argument("--shape", choices=list(SHAPES), default="llama-1b")
+        m.add_argument("--seed", type=int_at_least(0), default=0)
+        m.add_argument("--device", type=device, default="cpu")
+        m.add_argument("--concurrency", type=int_list(1, 256), default=[1, 8], metavar="C[,C...]")
+        m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64, help="tokens per prompt (BOS + random bytes)")
+        m.add_argument("--json", type=output_file, default=None, metavar="FILE")
+        if name == "decode":
+            m.add_argument("--runners", choices=["sync", "async", "sync,async", "async,sync"], default="sync,async")
+            m.add_argument("--arm", choices=["graph", "eager"], default="graph")
+            m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
+            m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
+        m.set_defaults(func=func)
+    m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")
+    m.add_argument("--decode", default=None, metavar="FILE")
+    m.add_argument("--peer", default=None, metavar="FILE")
+    m.add_argument("--load", default=None, metavar="FILE", help="a `specgate bench --measure-load --json` report")
+    m.add_argument("--spec", action="append", default=[], metavar="LABEL=FILE",
+                   help="a `specgate bench --json` report; LABEL plain is the baseline (repeatable)")
+    m.add_argument("--json", type=output_file, default=None, metavar="FILE")
+    m.add_argument("--plot", type=output_file, default=None, metavar="FILE.png")
+    m.set_defaults(func=cmd_bench_model_summary)
 
 
 def main(argv=None) -> int:
@@ -180,8 +297,15 @@ def main(argv=None) -> int:
                    help="write a PNG: tokens/s per leg (and τ, acceptance per position with --spec)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
+    from engine.bench_model import SHAPES
+    b.add_argument("--model-shape", choices=list(SHAPES), default=None,
+                   help="bench the seeded random-weight model of this shape (written to the cache if missing; "
+                   "`specgate bench-model write`) instead of --model")
+    b.add_argument("--graph", action="store_true", help="CUDA: replay each step as a CUDA graph (the graph arm)")
+    b.add_argument("--model-seed", type=int_at_least(0), default=0, help="its seed (default 0)")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)
+    add_bench_model_parser(sub)
     from gates.cli import add_gates_parser
     from mutants.catalogue import proven_against
     from mutants.mutate import add_mutate_parser

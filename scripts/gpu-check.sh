@@ -6,14 +6,30 @@
 # $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
 # (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
 #
+# Two more stages, on the seeded random-weight 1B benchmark model (`specgate bench-model`, written
+# to $BENCH1B_DIR, default /tmp, about 10 s): `bench1b` (load time and peak host memory, ms per
+# plain decode step of the sync and async graph arm at c=1 and c=8 against the HBM floor, the
+# transformers peer, and spec with the oracle drafter against plain when the tree has it; about
+# 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
+# in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
+# BENCH_DEVICE and BENCH1B_SHAPE (default cuda and llama-1b) let a CPU run with the tiny shape
+# check the stages' plumbing.
+#
 # The GPU machine has torch, transformers, safetensors, scipy, pytest and hypothesis but no
 # internet: a package it lacks travels as wheels in .whl/ (README, "On the GPU").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-reports/gpu}
 ROUNDS=${ROUNDS:-3}
 REPEAT_GATES=${REPEAT_GATES:-lossless busy no-sync speed-ab}
 PY=${PYTHON:-python3}
+BENCH_DEVICE=${BENCH_DEVICE:-cuda}
+BENCH1B_SHAPE=${BENCH1B_SHAPE:-llama-1b}
+BENCH1B_DIR=${BENCH1B_DIR:-/tmp/specgate-bench/$BENCH1B_SHAPE-seed0}
+# The spec legs' workload (specgate bench): 8 held-out prompts x 128 tokens, 3 legs (1 warm-up).
+BENCH1B_LEG_ARGS=${BENCH1B_LEG_ARGS:---num-prompts 8 --max-tokens 128 --legs 3}
+# The decode timer's: 64-token prompts, 128 tokens, 3 timed legs after a warm-up (bench-model decode).
+BENCH1B_DECODE_ARGS=${BENCH1B_DECODE_ARGS:---prompt-len 64 --max-tokens 128 --legs 3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 stages=${*:-env gates verdict prove bench}
@@ -29,7 +45,7 @@ timed() {  # timed NAME COMMAND...: run, log to $OUT/NAME.log, remember rc and s
 }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
@@ -37,11 +53,11 @@ for stage in $stages; do
     case $stage in
     env)
         { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-          $PY - <<'PY'
+          "$PY" - <<'PY'
 import importlib, sys, torch
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, "
       f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-for name in ("pytest", "hypothesis", "scipy", "safetensors", "tokenizers", "tqdm", "matplotlib"):
+for name in ("pytest", "hypothesis", "scipy", "safetensors", "tokenizers", "tqdm", "matplotlib", "transformers"):
     try:
         print(f"{name} {importlib.import_module(name).__version__}")
     except ImportError as e:
@@ -53,29 +69,71 @@ PY
         for i in $(seq "$ROUNDS"); do
             names=$([ "$i" = 1 ] || echo "$REPEAT_GATES")
             # shellcheck disable=SC2086  # the gate names are words
-            timed "gates-cuda-$i" $PY -m specgate_cli gates run $names --device cuda \
+            timed "gates-cuda-$i" "$PY" -m specgate_cli gates run $names --device cuda \
                 --json "$OUT/gates-cuda-$i.json" --junit "$OUT/gates-cuda-$i.xml"
         done
         ;;
     verdict)
-        timed verdict $PY -m specgate_cli gates verdict -v "$OUT"/gates-cuda-*.json
+        timed verdict "$PY" -m specgate_cli gates verdict -v "$OUT"/gates-cuda-*.json
         ;;
     prove)
         # The CPU gates run on the CPU (16 cores there), the CUDA-only defects and the CUDA gates on
         # the GPU; the timed gates run alone after the rest (mutants/prove.py).
-        timed prove $PY -m specgate_cli prove --jobs "${PROVE_JOBS:-8}" \
+        timed prove "$PY" -m specgate_cli prove --jobs "${PROVE_JOBS:-8}" \
             --json "$OUT/prove-cuda.json" --markdown "$OUT/prove-cuda.md"
         ;;
     bench)
         for runner in sync async; do
-            timed "bench-$runner" $PY -m specgate_cli bench --device cuda --spec ngram --concurrency 1,8 --legs 4 \
+            timed "bench-$runner" "$PY" -m specgate_cli bench --device cuda --spec ngram --concurrency 1,8 --legs 4 \
                 --"$runner"-runner --json "$OUT/bench-$runner.json" --plot "$OUT/bench-$runner.png"
         done
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench)" >&2; exit 2 ;;
+    bench1b)
+        B1=$BENCH1B_DIR
+        timed bench1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$B1" || continue
+        timed bench1b-load "$PY" -m specgate_cli bench --model "$B1" --device "$BENCH_DEVICE" --measure-load \
+            --json "$OUT/bench1b-load.json"
+        # shellcheck disable=SC2086  # BENCH1B_DECODE_ARGS is a list of words
+        timed bench1b-decode "$PY" -m specgate_cli bench-model decode --model "$B1" --device "$BENCH_DEVICE" \
+            --runners sync,async --arm graph --concurrency 1,8 $BENCH1B_DECODE_ARGS --json "$OUT/bench1b-decode.json"
+        timed bench1b-peer "$PY" -m specgate_cli bench-model peer --model "$B1" --device "$BENCH_DEVICE" \
+            --concurrency 1,8 --json "$OUT/bench1b-peer.json"
+        spec=()
+        if "$PY" -m specgate_cli bench --help 2>/dev/null | grep -q -- --oracle-tau; then
+            legs=("plain")
+            for tau in 4.3 2.5; do legs+=("oracle-$tau"); done
+            for leg in "${legs[@]}"; do
+                drafter=()
+                [ "$leg" = plain ] || drafter=(--spec oracle --oracle-tau "${leg#oracle-}" --num-spec-tokens 4)
+                # shellcheck disable=SC2086  # BENCH1B_LEG_ARGS is a list of words
+                timed "bench1b-$leg" "$PY" -m specgate_cli bench --model "$B1" --device "$BENCH_DEVICE" --graph \
+                    --async-runner --concurrency 1 $BENCH1B_LEG_ARGS "${drafter[@]}" \
+                    --json "$OUT/bench1b-$leg.json" --plot "$OUT/bench1b-$leg.png" \
+                    && spec+=(--spec "$leg=$OUT/bench1b-$leg.json")
+            done
+        else
+            note "bench1b-spec     skipped: this tree has no oracle proposer (specgate bench --spec oracle --oracle-tau)"
+        fi
+        timed bench1b-summary "$PY" -m specgate_cli bench-model summary --decode "$OUT/bench1b-decode.json" \
+            --peer "$OUT/bench1b-peer.json" --load "$OUT/bench1b-load.json" "${spec[@]}" \
+            --json "$OUT/bench1b.json" --plot "$OUT/bench1b.png"
+        ;;
+    gates1b)
+        timed gates1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
+            || continue
+        # The fixture block drafter does not fit this target: its cases are skipped with the reason
+        # and the ngram drafter runs every case; busy's level defaults to 0.95 for a 1B model.
+        timed gates1b "$PY" -m specgate_cli gates run busy speed-ab no-sync --model "$BENCH1B_DIR" \
+            --device "$BENCH_DEVICE" --json "$OUT/gates1b.json" --junit "$OUT/gates1b.xml"
+        ;;
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b)" >&2; exit 2 ;;
     esac
 done
 
 echo
 echo "stage            rc   seconds  last line"
 printf '%s\n' "${summary[@]}"
+if [ -f "$OUT/bench1b-summary.log" ] && [[ " $stages " == *" bench1b "* ]]; then
+    echo
+    grep -v '^wrote ' "$OUT/bench1b-summary.log"
+fi

@@ -1,0 +1,166 @@
+"""The 1B benchmark's summary: the decode, peer, load and spec reports joined into one JSON, the
+ratios issue 18's targets are stated in, a short table, and a PNG.
+
+Ratios: an arm's ms per step over the HBM floor (target: the async graph arm at most 1.5x at c=1
+and 2x at c=8), the transformers peer's ms per step over the arm's (target: at least 3x), and
+spec tokens/s over plain tokens/s on the same bench (target: at least 3x at τ about 4.3, c=1).
+"""
+import json
+from pathlib import Path
+
+TARGETS = {"floor_ratio": {"1": 1.5, "8": 2.0}, "peer_speedup": 3.0, "spec_speedup": 3.0}
+TARGET_ARM = "graph/async"
+
+
+def _read(path) -> dict | None:
+    return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
+
+
+def summarize(decode: dict | None, peer: dict | None = None, load: dict | None = None,
+              spec: dict[str, dict] | None = None) -> dict:
+    """`spec`: label -> a `specgate bench --json` report; the label "plain" is the baseline."""
+    out: dict = {"decode": decode, "peer": peer, "load": load, "spec": spec or {}, "rows": {}}
+    rows = out["rows"]
+    if decode:
+        for c, f in decode["floor"].items():
+            rows.setdefault(c, {})["floor_ms"] = f["ms"]
+            for arm, per_c in decode["arms"].items():
+                if c in per_c:
+                    ms = per_c[c]["ms_per_step"]
+                    rows[c][arm] = {"ms_per_step": ms, "floor_ratio": round(ms / f["ms"], 3),
+                                    "tokens_per_s": per_c[c]["tokens_per_s"]}
+    if peer and peer.get("ran"):
+        for c, p in peer["per_concurrency"].items():
+            row = rows.setdefault(c, {})
+            row["transformers_ms_per_step"] = p["ms_per_step"]
+            for arm, r in list(row.items()):
+                if isinstance(r, dict) and "ms_per_step" in r:
+                    r["peer_speedup"] = round(p["ms_per_step"] / r["ms_per_step"], 3)
+    out["spec_rows"] = _spec_rows(spec or {})
+    out["targets"] = targets(out)
+    return out
+
+
+def _spec_rows(spec: dict[str, dict]) -> list[dict]:
+    plain = spec.get("plain", {}).get("summary", {})
+    rows = []
+    for label, report in spec.items():
+        for c, s in report.get("summary", {}).items():
+            base = plain.get(c, {}).get("tokens_per_s_mean")
+            rate = s["tokens_per_s_mean"]
+            rows.append({"label": label, "concurrency": c, "tokens_per_s": rate,
+                         "tau": s["acceptance"].get("mean_acceptance_length") if report.get("spec") else None,
+                         "vs_plain": round(rate / base, 3) if base and rate else None})
+    return rows
+
+
+def targets(summary: dict) -> list[dict]:
+    """Each target of issue 18 this run measured: the figure, the bound, met or not."""
+    found = []
+    for c, bound in TARGETS["floor_ratio"].items():
+        r = summary["rows"].get(c, {}).get(TARGET_ARM)
+        if r:
+            found.append({"target": f"{TARGET_ARM} c={c} at most {bound}x the HBM floor",
+                          "figure": r["floor_ratio"], "met": r["floor_ratio"] <= bound})
+        if r and "peer_speedup" in r:
+            found.append({"target": f"{TARGET_ARM} c={c} at least {TARGETS['peer_speedup']}x faster than transformers",
+                          "figure": r["peer_speedup"], "met": r["peer_speedup"] >= TARGETS["peer_speedup"]})
+    for row in summary["spec_rows"]:
+        if row["label"] != "plain" and row["tau"] is not None and row["tau"] >= 4.0 and row["concurrency"] == "1" \
+                and row["vs_plain"] is not None:
+            found.append({"target": f"spec {row['label']} (τ {row['tau']:.2f}) c=1 at least "
+                                    f"{TARGETS['spec_speedup']}x plain tokens/s",
+                          "figure": row["vs_plain"], "met": row["vs_plain"] >= TARGETS["spec_speedup"]})
+    return found
+
+
+def table(summary: dict) -> str:
+    """The short table the GPU script prints last."""
+    lines = []
+    decode, load, peer = summary["decode"], summary["load"], summary["peer"]
+    if decode:
+        lines.append(f"bandwidth {decode['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (copy, read + write), "
+                     f"{decode['dtype']}, prompts {decode['workload']['prompt_len']} + {decode['workload']['max_tokens']} "
+                     f"tokens, {decode['gpu'] or decode['device']}, torch {decode['torch']}")
+    cs = sorted(summary["rows"], key=int)
+    if cs:
+        lines.append(f"{'ms per plain decode step':<28}" + "".join(f"{'c=' + c:>22}" for c in cs))
+        lines.append(f"{'HBM floor':<28}" + "".join(f"{summary['rows'][c].get('floor_ms', float('nan')):>22.3f}"
+                                                    for c in cs))
+        arms = sorted({a for c in cs for a, r in summary["rows"][c].items() if isinstance(r, dict)})
+        for arm in arms:
+            cells = []
+            for c in cs:
+                r = summary["rows"][c].get(arm)
+                cells.append(f"{r['ms_per_step']:.3f} ({r['floor_ratio']:.2f}x floor)" if r else "-")
+            lines.append(f"{arm:<28}" + "".join(f"{cell:>22}" for cell in cells))
+        if peer and peer.get("ran"):
+            cells = []
+            for c in cs:
+                ms = summary["rows"][c].get("transformers_ms_per_step")
+                best = min((r["ms_per_step"] for r in summary["rows"][c].values() if isinstance(r, dict)), default=None)
+                cells.append(f"{ms:.3f} ({ms / best:.2f}x best)" if ms and best else "-")
+            lines.append(f"{'transformers static+compile':<28}" + "".join(f"{cell:>22}" for cell in cells))
+    if peer and peer.get("ran") and not all(p.get("compiled") for p in peer["per_concurrency"].values()):
+        lines.append(f"transformers peer: transformers {peer.get('transformers')} did NOT compile its forward")
+    if peer and not peer.get("ran"):
+        lines.append(f"transformers peer: not run ({peer['why']})")
+    if load:
+        lines.append(f"load {load['seconds']} s on {load.get('device', '?')}, peak host memory {load['peak_rss_mib']:.0f} MiB "
+                     f"({load['load_added_mib']:.0f} MiB over the {load['peak_rss_mib_before']:.0f} MiB baseline; "
+                     f"largest of {load['num_shards']} shards {load['largest_shard_mib']:.1f} MiB, "
+                     f"{load['files_mib']:.1f} MiB in all)")
+    for row in summary["spec_rows"]:
+        tau = f" τ {row['tau']:.2f}" if row["tau"] is not None else ""
+        vs = f", {row['vs_plain']:.2f}x plain" if row["vs_plain"] is not None and row["label"] != "plain" else ""
+        lines.append(f"bench {row['label']} c={row['concurrency']}: {row['tokens_per_s']} tokens/s{tau}{vs}")
+    for t in summary["targets"]:
+        lines.append(f"target {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['figure']}")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path) -> None:
+    """ms per step per arm and concurrency against the floor and the peer; spec tokens/s per leg
+    label with τ."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    spec = summary["spec_rows"]
+    fig, axes = plt.subplots(1, 2 if spec else 1, figsize=(13 if spec else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    cs = sorted(summary["rows"], key=int)
+    series = sorted({a for c in cs for a, r in summary["rows"][c].items() if isinstance(r, dict)})
+    series += ["transformers"] if any("transformers_ms_per_step" in summary["rows"][c] for c in cs) else []
+    width = 0.8 / max(1, len(series))
+    for n, name in enumerate(series):
+        ys = [(summary["rows"][c].get("transformers_ms_per_step") if name == "transformers"
+               else (summary["rows"][c].get(name) or {}).get("ms_per_step")) or 0 for c in cs]
+        bars = ax.bar([i + (n - (len(series) - 1) / 2) * width for i in range(len(cs))], ys, width * 0.95, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    for i, c in enumerate(cs):
+        if "floor_ms" in summary["rows"][c]:
+            ax.hlines(summary["rows"][c]["floor_ms"], i - 0.45, i + 0.45, colors="k", linestyles="--",
+                      label="HBM floor" if i == 0 else None)
+    ax.set_xticks(range(len(cs)), [f"c={c}" for c in cs])
+    ax.set_ylabel("ms per plain decode step")
+    ax.set_title("plain greedy decode")
+    ax.legend(fontsize=8)
+    if spec:
+        ax = axes[0][1]
+        labels = [f"{r['label']}\nc={r['concurrency']}" for r in spec]
+        bars = ax.bar(range(len(spec)), [r["tokens_per_s"] or 0 for r in spec])
+        ax.bar_label(bars, labels=[f"{r['tokens_per_s']:.0f}" + (f"\nτ {r['tau']:.2f}" if r["tau"] else "")
+                                   for r in spec], fontsize=7)
+        ax.set_xticks(range(len(spec)), labels, fontsize=8)
+        ax.set_ylabel("output tokens/s (warm legs)")
+        ax.set_title("spec vs plain (specgate bench)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def summarize_files(decode=None, peer=None, load=None, spec: dict[str, str] | None = None) -> dict:
+    """`summarize` on report files; missing files (a stage that failed) are left out."""
+    load_json = _read(load)
+    return summarize(_read(decode), _read(peer), {**load_json["load"], "device": load_json["device"]} if load_json else None,
+                     {label: r for label, path in (spec or {}).items() if (r := _read(path)) is not None})

@@ -1,0 +1,88 @@
+"""What loading a model folder costs, measured in a fresh child process: seconds, and the peak
+resident host memory of the process that loads, beside the largest shard it reads.
+
+A child, because a process's high-water mark only grows: one that built or loaded anything
+before would report its own past. The child first imports torch (and on CUDA makes its context),
+so the baseline it records is what any run pays before the first weight is read.
+
+What the peak means: safetensors maps each shard and copies tensors out of the mapping. On CUDA
+every page is read while the tensor goes to the device, then the shard is unmapped, so the peak
+above the baseline stays near one shard. On the CPU the loaded tensors keep referring to the
+mapped files and pages arrive when first read: the load itself is fast and small, and the child
+then reads every parameter once (`touch_seconds`) so that `peak_rss_mib` is the weights resident.
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.errors import SpecgateError
+
+
+def measure_load_in_child(model_dir: str | os.PathLike, device: str = "cpu", dtype: str | None = None,
+                          timeout: float = 600) -> dict:
+    """The child's measurement (see `child_main`) and the folder's shard sizes."""
+    from engine.loader import weight_files
+    shards = sorted(p.stat().st_size for p in weight_files(model_dir))
+    request = json.dumps({"model": str(model_dir), "device": device, "dtype": dtype})
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from engine.load_cost import child_main; "
+                           "child_main(sys.argv[1])", request], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise SpecgateError(f"the load measurement's child process failed (exit {proc.returncode}): "
+                            f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no output'}")
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    added = measured["peak_rss_mib"] - measured["peak_rss_mib_before"]
+    return {**measured, "load_added_mib": round(added, 3), "num_shards": len(shards), "largest_shard_mib": round(shards[-1] / 2**20, 3),
+            "files_mib": round(sum(shards) / 2**20, 3), "measured_in": "a fresh child process"}
+
+
+def memory_mib() -> dict:
+    """This process's resident memory now and its high-water mark, in MiB: Linux's
+    /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages);
+    elsewhere getrusage's mark alone."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        kib = {name: int(fields[name].split()[0]) for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+               if name in fields}
+        return {"peak": kib["VmHWM"] / 1024, "now": kib["VmRSS"] / 1024,
+                "anon": kib.get("RssAnon", 0) / 1024, "file": kib.get("RssFile", 0) / 1024}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    return {"peak": peak, "now": None, "anon": None, "file": None}
+
+
+def child_main(request: str) -> None:
+    """Load once, print one JSON line: the loader's measurement, the touch time on the CPU, and
+    the memory figures before and after."""
+    import time
+
+    import torch
+
+    from engine.config import DTYPES
+    from engine.loader import measure_load
+    args = json.loads(request)
+    device = args["device"]
+    if device.startswith("cuda"):
+        torch.zeros(1, device=device)  # the CUDA context belongs to the baseline, not to the load
+    before = memory_mib()
+    m = measure_load(args["model"], device, DTYPES[args["dtype"]] if args["dtype"] else None)
+    touch_seconds = None
+    if not device.startswith("cuda"):
+        from engine.loader import load_model
+        model = load_model(args["model"], device, DTYPES[args["dtype"]] if args["dtype"] else None)
+        t0 = time.perf_counter()
+        for p in model.parameters():  # page every weight in: the CPU load maps the files lazily
+            p.view(-1)[:: max(1, 4096 // p.element_size())].sum()
+        touch_seconds = round(time.perf_counter() - t0, 3)
+    after = memory_mib()
+    r = lambda v: None if v is None else round(v, 3)  # noqa: E731
+    print(json.dumps({**m.as_dict(), "touch_seconds": touch_seconds,
+                      "peak_rss_mib_before": r(before["peak"]), "peak_rss_mib": r(after["peak"]),
+                      "rss_mib_after": r(after["now"]), "rss_anon_mib_after": r(after["anon"]),
+                      "rss_file_mib_after": r(after["file"])}))

@@ -1,0 +1,51 @@
+"""scripts/gpu-check.sh's 1B benchmark stage, run on the CPU with the tiny benchmark shape: the
+shell is well formed (bash -n; shellcheck where installed), every step of the stage runs, the
+summary JSON, PNG and table are written, and the stage says why the parts that need CUDA or an
+oracle proposer did not run. The GPU figures themselves come from the lead's device run."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "gpu-check.sh"
+
+
+def test_the_script_is_well_formed_shell():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.slow
+def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
+               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out),
+               BENCH1B_DECODE_ARGS="--prompt-len 8 --max-tokens 6 --legs 1",
+               BENCH1B_LEG_ARGS="--num-prompts 2 --max-tokens 6 --legs 2")
+    proc = subprocess.run(["bash", str(SCRIPT), "bench1b"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for step in ("write", "load", "decode", "peer", "summary"):
+        assert f"bench1b-{step:<8} rc=0" in proc.stdout, step
+    summary = json.loads((out / "bench1b.json").read_text())
+    assert set(summary["rows"]) == {"1", "8"}
+    assert {"graph/sync", "graph/async"} <= set(summary["rows"]["8"])
+    assert summary["peer"] == {"ran": False, "why": "the peer runs on CUDA only (device cpu): transformers "
+                                                    "compiles a static-cache generate only on a GPU"}
+    assert summary["load"]["num_shards"] == 2
+    assert (out / "bench1b.png").read_bytes()[:4] == b"\x89PNG"
+    table = proc.stdout.split("bench1b-summary", 2)[-1]
+    assert "ms per plain decode step" in table and "HBM floor" in table and "transformers peer: not run" in table
+    oracle = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--help"], cwd=REPO, env=env,
+                            capture_output=True, text=True).stdout
+    if "--oracle-tau" in oracle:
+        assert summary["spec_rows"] and "bench oracle-4.3 c=1" in table
+    else:
+        assert "bench1b-spec     skipped: this tree has no oracle proposer" in proc.stdout

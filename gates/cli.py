@@ -14,6 +14,8 @@ from gates import report
 from gates.argtypes import device, float_in, folder, int_at_least, output_file
 from gates.registry import GATES, by_name
 
+ENGINE_DTYPES = ("float32", "bfloat16")  # engine.config.DTYPES, named here so --help needs no torch
+
 DEFAULT_JSON = "reports/gates.json, or reports/gate-NAME.json for named gates"
 
 
@@ -32,6 +34,10 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     run.add_argument("--model", type=folder, default=None, help="target model folder (default: the fixture target)")
     run.add_argument("--drafter", type=folder, default=None, help="block drafter folder (default: the fixture drafter)")
     run.add_argument("--device", type=device, default=None, help="device for the engine runs (default: cpu)")
+    run.add_argument("--dtype", choices=ENGINE_DTYPES, default=None,
+                     help="dtype of the engine runs (default: the model folder's own). The token-exact gates "
+                     "compare greedy tokens across batch shapes: on a bfloat16 folder use float32, since bf16 "
+                     "matmuls round differently per batch shape and a near tie can flip a token")
     run.add_argument("--busy-threshold", type=float_in(0.0, 1.0, lo_open=True), default=None, metavar="LEVEL",
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
@@ -87,7 +93,8 @@ def cmd_run(args) -> int:
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
     result = run_gates(gates, json_path, args.junit, deep=args.deep, model=args.model,
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
-                       pytest_args=("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else (),
+                       pytest_args=(("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
+                       + (("--dtype", args.dtype) if args.dtype else ()),
                        coverage_dir=args.coverage, jobs=args.jobs)
     print(report.table(result["gates"]))
     counts = result["summary"]

@@ -1,6 +1,6 @@
 """Fixtures for the gates: the root conftest's `make_llm`, on the model, drafter and device the
 gates were asked to use (--model / $SPECGATE_MODEL, --drafter / $SPECGATE_DRAFTER,
---device / $SPECGATE_DEVICE; by default the models the root conftest hands down, the fixture
+--device / $SPECGATE_DEVICE, --dtype / $SPECGATE_DTYPE; by default the models the root conftest hands down, the fixture
 models, on the CPU)."""
 import pytest
 
@@ -34,10 +34,17 @@ def gate_device(request):
 
 
 @pytest.fixture(scope="session")
-def make_llm(make_llm, drafter_dir, gate_device):
-    """LLM(**kwargs) on the gates' model and device; spec='block' uses the gates' drafter."""
+def gate_dtype(request):
+    return option(request.config, "--dtype", "SPECGATE_DTYPE")
+
+
+@pytest.fixture(scope="session")
+def make_llm(make_llm, drafter_dir, gate_device, gate_dtype):
+    """LLM(**kwargs) on the gates' model, device and dtype; spec='block' uses the gates' drafter."""
     def make(**kwargs):
         kwargs.setdefault("device", gate_device)
+        if gate_dtype:
+            kwargs.setdefault("dtype", gate_dtype)
         if kwargs.get("spec") == "block" and drafter_dir:
             kwargs.setdefault("drafter", drafter_dir)
         return make_llm(**kwargs)

@@ -35,6 +35,8 @@ def pytest_addoption(parser):
                     "else the fixture drafter)")
     group.addoption("--device", default=None, help="device the gates run the engine on (default: "
                     "$SPECGATE_DEVICE, else cpu)")
+    group.addoption("--dtype", default=None, help="dtype the gates run the engine in (default: $SPECGATE_DTYPE, "
+                    "else the model folder's own)")
     group.addoption("--busy-threshold", default=None, help="busy gate: the busy fraction the async runner's "
                     "graph arm must reach (default: $SPECGATE_BUSY_THRESHOLD, else per model, see gates/busy.py)")
     group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
@@ -288,6 +290,7 @@ def environment(config) -> dict:
     target, draft = model_dir(config, "target"), model_dir(config, "drafter")
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": has_cuda(),
             "device": option(config, "--device", "SPECGATE_DEVICE") or "cpu",
+            "dtype": option(config, "--dtype", "SPECGATE_DTYPE") or "the model folder's",
             # The folders used, given or default; model_given says whether --model/$SPECGATE_MODEL named one.
             "model": str(target) if target else None, "drafter": str(draft) if draft else None,
             "model_given": model is not None, "drafter_given": drafter is not None, "model_sha256": checksums,

@@ -45,6 +45,7 @@ def refusal(capsys, argv: list[str]) -> str:
     (["generate"], ["--prompt"]),
     (["gates", "run", "reason-a", "--model", "/nonexistent"], ["--model", "no such folder"]),
     (["gates", "run", "--busy-threshold", "2"], ["--busy-threshold"]),
+    (["gates", "run", "--dtype", "float16"], ["--dtype"]),
     (["gates", "run", "--json", "/nonexistent-dir/g.json"], ["--json"]),
     (["gates", "run", "no-such-gate"], ["no-such-gate"]),
     (["prove", "--jobs", "0"], ["--jobs"]),

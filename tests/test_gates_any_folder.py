@@ -94,3 +94,25 @@ def test_bench_runs_on_a_llama3_folder_through_its_tokenizer(llama3_dir, tmp_pat
 def test_an_unasked_max_model_len_fits_a_model_with_fewer_positions(llama3_dir):
     from engine import LLM
     assert LLM(llama3_dir).config.max_model_len == 256  # max_position_embeddings; 512 otherwise
+
+
+@pytest.mark.slow
+def test_gates_dtype_reaches_the_engine_and_a_random_folder_is_red_on_the_eos_rule_it_never_saw(tmp_path):
+    """`gates run emit-count --model DIR --dtype float32` on the tiny random bf16 benchmark folder:
+    the engine runs in float32 (the report says so), every token and emit-count check passes, and
+    the gate is still red, because this model never emits its EOS id in the workload's greedy
+    streams: a finish rule the gate could not exercise is never counted as covered."""
+    from engine.bench_model import write_bench_model
+    folder = write_bench_model("tiny", seed=0, folder=tmp_path / "tiny-seed0")
+    report_path = tmp_path / "gates.json"
+    proc = subprocess.run([sys.executable, "-m", "specgate_cli", "gates", "run", "emit-count", "--model", str(folder),
+                           "--dtype", "float32", "--json", str(report_path)],
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report_json = json.loads(report_path.read_text())
+    assert report_json["environment"]["dtype"] == "float32"
+    (gate,) = report_json["gates"]
+    assert gate["status"] == "red"
+    assert {t["outcome"] for t in gate["tests"]} == {"passed", "skipped"}  # every comparison held
+    assert gate["reason"].startswith("claimed but never occurred: finished on eos")

@@ -63,7 +63,7 @@ class ModelRunner:
                                  self.k, mc.vocab_size, getattr(proposer, "has_q", False), cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
-        self.graphs: dict[int, tuple] = {}
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (batch bucket, context bucket) -> graph
         self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
@@ -77,7 +77,7 @@ class ModelRunner:
         sizes = (max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows))
         processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
         if plan.arm == "graph" and self.is_cuda:
-            out = self._replay(plan.num_rows, inputs, sizes)
+            out = self._replay((plan.num_rows, plan.max_context_len), inputs, sizes)
         else:
             out = self.device_step(inputs, sizes, processors)
         real = len(plan.requests)
@@ -178,12 +178,12 @@ class ModelRunner:
                     positions=positions, seq_lens=seq_lens, query_start_loc=query_start_loc,
                     cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
 
-    def _replay(self, bucket: int, inputs: dict, sizes) -> dict[str, torch.Tensor]:
-        """CUDA: capture one graph per bucket on first use, then copy inputs in and replay.
+    def _replay(self, bucket: tuple[int, int], inputs: dict, sizes) -> dict[str, torch.Tensor]:
+        """CUDA: capture one graph per (batch, context) bucket on first use, then copy inputs in and replay.
         Warm-up and capture run on an all-padding batch: a real batch would be executed twice,
         and a device-fed row would advance its state twice."""
         if bucket not in self.graphs:
-            static_in = self._upload(self.planner.padding_plan(bucket))
+            static_in = self._upload(self.planner.padding_plan(*bucket))
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):

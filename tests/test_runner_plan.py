@@ -112,7 +112,21 @@ def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
         host_positions=[3, 4, 5] * 3 + list(range(width)), host_seq_lens=[4 + K] * 3 + [width],
         device_fed=[False] * 4, refusals=[None] * 4,
         block_tables=[[i] + [sink] * (tw - 1) for i in range(3)] + [[sink] * tw],
-        max_context_len=tw * BLOCK)  # a graph is captured once per bucket, for the longest context
+        max_context_len=BLOCK)  # one block of context: the smallest context bucket
+
+
+@pytest.mark.parametrize("blocks, context", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 6)])
+def test_graph_plan_pads_the_context_to_the_smallest_context_bucket(blocks, context):
+    """Context buckets are powers of two blocks, then the whole table: attention's work follows
+    the longest context of the batch, not max_model_len."""
+    runner = make_runner()
+    tw = runner.planner.table_width
+    assert runner.planner.context_buckets == [BLOCK * 2 ** i for i in range((tw - 1).bit_length())] + [tw * BLOCK]
+    rows = [(req(0, [1, 2], output=[3], slot=0, blocks=[0]), False),
+            (req(1, [1, 2], output=[3], slot=1, blocks=list(range(1, blocks + 1))), False)]
+    assert plan(runner, rows, graph=True).max_context_len == context * BLOCK
+    padding = runner.planner.padding_plan(2, tw * BLOCK)
+    assert (padding.num_rows, padding.max_context_len, padding.requests) == (2, tw * BLOCK, [])
 
 
 @pytest.mark.parametrize("max_num_seqs, rows, bucket", [

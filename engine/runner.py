@@ -69,6 +69,7 @@ class ModelRunner:
         self.staging = InputStaging(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, cfg.max_num_seqs * (self.k + 1)),
                                     cfg.blocks_per_seq, cfg.device, self.declared_syncs)
         self.trace = cfg.trace
+        self.graph_arm = cfg.graph
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
 
@@ -186,7 +187,7 @@ class ModelRunner:
         (LLM._start_download), stream-ordered before the next replay overwrites them."""
         key = (plan.num_rows, plan.max_context_len)
         if key not in self.graphs:
-            self._capture(key)
+            raise RuntimeError(f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up")
         graph, static_in, static_out = self.graphs[key]
         inputs = self._upload(plan)
         if inputs["slots"].data_ptr() != static_in["slots"].data_ptr():
@@ -194,6 +195,16 @@ class ModelRunner:
         graph.replay()
         self.num_graph_replays += 1
         return static_out
+
+    def capture_graphs(self) -> None:
+        """The graph arm on CUDA: capture every (batch, context) bucket now, at start-up, not on
+        a real step's first use. Largest first, so the smaller ones reuse the pool's memory."""
+        if not (self.graph_arm and self.is_cuda):
+            return
+        with torch.inference_mode():
+            for rows in reversed(self.planner.buckets):
+                for context in reversed(self.planner.context_buckets):
+                    self._capture((rows, context))
 
     def _capture(self, key: tuple[int, int]) -> None:
         """Warm up and capture the graph of a (batch, context) bucket on an all-padding batch (a

@@ -231,6 +231,13 @@ def test_runner_buffers(has_q):
     assert runner.graphs == {} and runner.copy_stream is None and not runner.is_cuda
 
 
+def test_graphs_are_captured_up_front_on_cuda_only():
+    """On the CPU a graph-arm step runs eagerly (padded): start-up captures nothing."""
+    runner = make_runner(graph=True)
+    runner.capture_graphs()
+    assert runner.graphs == {} and runner.graph_pool is None and runner.num_graph_replays == 0
+
+
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():
     assert DeviceState(3, 10, 2, 50, False, "cpu").draft_probs is None
     q = DeviceState(3, 10, 2, 50, True, "cpu").draft_probs

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import build_attention_metadata
+from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
 from engine.host_sync import DeclaredSyncs
 from engine.model import LlamaForCausalLM
@@ -70,6 +70,7 @@ class ModelRunner:
                                     cfg.blocks_per_seq, cfg.device, self.declared_syncs)
         self.trace = cfg.trace
         self.graph_arm = cfg.graph
+        self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
 
@@ -83,7 +84,7 @@ class ModelRunner:
             out = self._replay(plan)
         else:
             processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
-            out = self.device_step(self._upload(plan), step_sizes(plan), processors)
+            out = self.device_step(self._upload(plan), step_sizes(plan), processors, graph=plan.arm == "graph")
         real = len(plan.requests)
         # The trace reads these a step late (async runner), after a replay has overwritten them.
         traced = {name: out[name].clone() for name in TRACED_INPUTS} if self.trace else {}
@@ -106,8 +107,9 @@ class ModelRunner:
         return self.staging.upload(columns, len(rows), len(columns["host_token_ids"]))
 
     def device_step(self, inp: dict[str, torch.Tensor], sizes: tuple[int, int, int, int],
-                    processors=()) -> dict[str, torch.Tensor]:
-        """The whole step on the device, no host reads: capturable as one CUDA graph."""
+                    processors=(), graph: bool = False) -> dict[str, torch.Tensor]:
+        """The whole step on the device, no host reads: capturable as one CUDA graph (`graph`:
+        this step is a graph bucket's, its shapes fixed)."""
         max_query_len, max_context_len, num_tokens, total_logits = sizes
         state, k, dev = self.state, self.k, self.device
         slots, spec_width = inp["slots"], inp["spec_width"]
@@ -135,8 +137,10 @@ class ModelRunner:
         positions = torch.where(fed_token, committed - 1 + offset, inp["host_positions"])
         seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp["host_seq_lens"])
 
+        flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
         meta = build_attention_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
-                                        self.block_size, max_query_len, max_context_len)
+                                        self.block_size, max_query_len, max_context_len, flex,
+                                        self.kv_caches[0].shape[1])
         hidden, aux = self.model(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
@@ -215,12 +219,12 @@ class ModelRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.device_step(static_in, step_sizes(padding))  # warm-up outside the graph
+            self.device_step(static_in, step_sizes(padding), graph=True)  # warm-up (and compile) outside the graph
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # Capture synchronises once per bucket (and a sync inside a capture fails it anyway).
         with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph, pool=self.graph_pool):
-            static_out = self.device_step(static_in, step_sizes(padding))
+            static_out = self.device_step(static_in, step_sizes(padding), graph=True)
         self.graphs[key] = (graph, static_in, static_out)
 
 

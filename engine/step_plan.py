@@ -63,7 +63,9 @@ class StepPlanner:
         self.sink_block = cfg.total_kv_blocks  # an extra block that padding writes into
         self.padding_slot = cfg.max_num_seqs   # the device state's last slot
         self.buckets = graph_buckets(cfg.max_num_seqs)
-        self.context_buckets = context_buckets(self.table_width, self.block_size)
+        # The flex kernel reads as many blocks as each request has: its graphs need no context bucket.
+        self.context_buckets = (context_buckets(self.table_width, self.block_size)
+                                if cfg.attention_backend == "sdpa" else [self.table_width * self.block_size])
 
     def plan(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         rows: list[RowPlan] = []

@@ -30,9 +30,11 @@ class InputStaging:
         int_size = max_rows * (len(ROW_FIELDS) + table_width) + max_tokens * len(TOKEN_FIELDS)
         float_size = max_rows * len(FLOAT_FIELDS)
         depth = RING if self.is_cuda else 1
-        self.host = [(torch.zeros(int_size, dtype=torch.long, pin_memory=self.is_cuda),
-                      torch.zeros(float_size, dtype=torch.float32, pin_memory=self.is_cuda))
+        self.host = [(torch.zeros(int_size, dtype=torch.long, device="cpu", pin_memory=self.is_cuda),
+                      torch.zeros(float_size, dtype=torch.float32, device="cpu", pin_memory=self.is_cuda))
                      for _ in range(depth)]
+        # numpy views, taken once: filling them is the fast path, and reads no tensor in the loop
+        self.host_arrays = [(ints.numpy(), floats.numpy()) for ints, floats in self.host]
         self.copied = [None] * depth  # the event of each host pair's last copy (CUDA)
         self.device = ((torch.zeros(int_size, dtype=torch.long, device=device),
                         torch.zeros(float_size, dtype=torch.float32, device=device))
@@ -52,8 +54,7 @@ class InputStaging:
                 self.copied[slot].synchronize()
         host_int, host_float = self.host[slot]
         int_slices, float_slices = self.layout(num_rows, num_tokens)
-        for (host, slices) in ((host_int, int_slices), (host_float, float_slices)):
-            array = host.numpy()
+        for array, slices in zip(self.host_arrays[slot], (int_slices, float_slices)):
             for name, part in slices.items():
                 array[part] = columns[name] if name != "block_tables" else [t for row in columns[name] for t in row]
         target_int, target_float = self.device

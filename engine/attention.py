@@ -3,23 +3,44 @@
 A step's tokens are flattened to [T]; request r owns rows query_start_loc[r]:query_start_loc[r+1].
 Keys live in a paged cache addressed by slot = block_table[r, pos // block_size] * block_size +
 pos % block_size, so a rejected draft needs no rollback: the next step overwrites its slot.
-Queries are scattered into a padded [R, max_query_len] layout so one batched SDPA call serves
-every request; no Python loop over requests.
+Queries are scattered into a padded [R, max_query_len] layout so one batched call serves every
+request; no Python loop over requests.
+
+Two backends (EngineConfig.attention_backend):
+- "sdpa", the reference: gathers each request's context out of the cache into a dense
+  [R, L, Hkv, D] copy (L: the step's context bucket) and runs SDPA under a boolean mask.
+- "flex": FlexAttention reads K/V in place, the whole cache being one [1, Hkv, slots, D]
+  sequence. A block mask built from the block tables lists, per request, the physical blocks
+  to visit (kv_indices), and its mask_mod maps a physical slot back to the key position it
+  holds (physical_to_logical) to apply causality and the sequence length. On CUDA the kernel
+  is compiled (engine.attention.flex_kernels); the host never reads a device value.
 """
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+ATTENTION_BACKENDS = ("sdpa", "flex")
+FLEX_Q_BLOCK = 128  # query rows per block-mask row; a step's padded query fits one or a few
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor   # [T] cache slot each new token's K/V is written to
-    context_slots: torch.Tensor  # [R, L] cache slot of key position j for request r
+    context_slots: torch.Tensor | None  # [R, L] cache slot of key position j for request r (sdpa)
     query_req: torch.Tensor      # [T] request row of each token
     query_offset: torch.Tensor   # [T] index of each token inside its request's query
-    attn_mask: torch.Tensor      # [R, 1, Q, L] True where the query may attend the key
+    attn_mask: torch.Tensor | None  # [R, 1, Q, L] True where the query may attend the key (sdpa)
     max_query_len: int
+    block_mask: BlockMask | None = None  # flex: which cache blocks each request reads, and how
+    flex: Callable | None = None         # flex: the kernel (compiled on CUDA)
+
+    @property
+    def num_reqs(self) -> int:
+        return (self.context_slots if self.block_mask is None else self.block_mask.kv_num_blocks).shape[0]
 
 
 def context_slots(block_tables: torch.Tensor, key_pos: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -29,8 +50,11 @@ def context_slots(block_tables: torch.Tensor, key_pos: torch.Tensor, block_size:
 
 def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Tensor,
                              seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
-                             max_query_len: int, max_context_len: int) -> AttentionMetadata:
-    """All inputs are device tensors; the two sizes are host integers (upper bounds are fine)."""
+                             max_query_len: int, max_context_len: int, flex: Callable | None = None,
+                             num_cache_slots: int = 0) -> AttentionMetadata:
+    """All inputs are device tensors; the two sizes are host integers (upper bounds are fine).
+    With `flex` (the flex backend's kernel) the metadata is the block mask over a cache of
+    num_cache_slots slots instead of a gather and a dense mask."""
     device = positions.device
     num_tokens = positions.numel()
     num_reqs = query_start_loc.numel() - 1
@@ -38,11 +62,14 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
     query_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), query_lens,
                                         output_size=num_tokens)
     query_offset = torch.arange(num_tokens, device=device) - query_start_loc[query_req]
-    key_pos = torch.arange(max_context_len, device=device)
     slot_mapping = (block_tables[query_req, positions // block_size] * block_size
                     + positions % block_size)
     query_pos = torch.full((num_reqs, max_query_len), -1, dtype=positions.dtype, device=device)
     query_pos[query_req, query_offset] = positions
+    if flex is not None:
+        block_mask = paged_block_mask(query_pos, seq_lens, block_tables, block_size, num_cache_slots)
+        return AttentionMetadata(slot_mapping, None, query_req, query_offset, None, max_query_len, block_mask, flex)
+    key_pos = torch.arange(max_context_len, device=device)
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos < seq_lens[:, None])[:, None, :]
     # A padded query row sees key 0 only, so softmax has a finite input; its output is discarded.
     mask[:, :, 0] |= query_pos < 0
@@ -50,17 +77,81 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
                              query_offset, mask[:, None], max_query_len)
 
 
+@dataclass(frozen=True)
+class FlexKernels:
+    fixed_shapes: Callable  # graph-arm steps: one compiled kernel per bucket's shapes
+    any_shapes: Callable    # eager steps: any batch and query length (dynamic shapes)
+
+
+def flex_kernels(device: str, block_size: int) -> FlexKernels:
+    """The flex backend's kernels. On CUDA they are compiled (flex_attention unfused is slow and
+    materialises the scores) before any graph capture: the runner warms a bucket up outside its
+    graph. On the CPU the unfused reference implementation runs: correct, for tests only."""
+    if not device.startswith("cuda"):
+        return FlexKernels(_flex_reference, _flex_reference)
+    # The kernel's key tile must divide the mask's key block (one cache block); 64 is its usual tile.
+    options = {"BLOCK_N": next(n for n in (64, 32, 16) if block_size % n == 0)}
+
+    def fixed_shapes(q, k, v, block_mask, gqa):
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+
+    def any_shapes(q, k, v, block_mask, gqa):
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+
+    return FlexKernels(torch.compile(fixed_shapes, dynamic=False, fullgraph=True),
+                       torch.compile(any_shapes, dynamic=True, fullgraph=True))
+
+
+def _flex_reference(q, k, v, block_mask, gqa):
+    with warnings.catch_warnings():  # that this is the unfused implementation is the point here
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+def paged_block_mask(query_pos: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                     block_size: int, num_cache_slots: int) -> BlockMask:
+    """The flex backend's mask over the whole cache for queries at query_pos [R, Q] (-1: a
+    padded query, which attends nothing and gets zeros). Request r visits the first
+    ceil(seq_len / block_size) blocks of its table; inside them, key slot s holds key position
+    physical_to_logical[r, s // block_size] * block_size + s % block_size."""
+    num_reqs, width = block_tables.shape
+    num_blocks = num_cache_slots // block_size
+    physical_to_logical = torch.full((num_reqs, num_blocks), -1, dtype=torch.long, device=block_tables.device)
+    # A padded table repeats the sink block; whichever entry wins, its positions lie past seq_len.
+    physical_to_logical.scatter_(1, block_tables, torch.arange(width, device=block_tables.device).expand(num_reqs, -1))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        logical_block = physical_to_logical[b, kv_idx // block_size]
+        key_pos = logical_block * block_size + kv_idx % block_size
+        return (logical_block >= 0) & (key_pos <= query_pos[b, q_idx]) & (key_pos < seq_lens[b])
+
+    max_query_len = query_pos.shape[1]
+    num_q_blocks = -(-max_query_len // FLEX_Q_BLOCK)
+    kv_num_blocks = (seq_lens + block_size - 1) // block_size
+    kv_num_blocks = kv_num_blocks.to(torch.int32)[:, None, None].expand(-1, 1, num_q_blocks).contiguous()
+    # kv_indices spans every cache block (the kernel checks it covers the key length); only the
+    # first kv_num_blocks entries of a row are read.
+    kv_indices = torch.zeros(num_reqs, 1, num_q_blocks, num_blocks, dtype=torch.int32, device=block_tables.device)
+    kv_indices[..., :width] = block_tables[:, None, None, :].to(torch.int32)
+    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(FLEX_Q_BLOCK, block_size),
+                                    mask_mod=mask_mod, seq_lengths=(max_query_len, num_cache_slots),
+                                    compute_q_blocks=False)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, num_slots, Hkv, D]. Returns [T, H, D]."""
     kv_cache[0].index_copy_(0, meta.slot_mapping, k)
     kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-    keys = kv_cache[0][meta.context_slots].transpose(1, 2)    # [R, Hkv, L, D]
-    values = kv_cache[1][meta.context_slots].transpose(1, 2)
-    num_reqs = meta.context_slots.shape[0]
-    padded_q = q.new_zeros(num_reqs, meta.max_query_len, *q.shape[1:])
+    padded_q = q.new_zeros(meta.num_reqs, meta.max_query_len, *q.shape[1:])
     padded_q[meta.query_req, meta.query_offset] = q
-    out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), keys, values,
-                                         attn_mask=meta.attn_mask,
-                                         enable_gqa=keys.shape[1] != q.shape[1])
+    gqa = kv_cache.shape[2] != q.shape[1]
+    if meta.block_mask is not None:
+        keys, values = (kv_cache[i].transpose(0, 1)[None] for i in range(2))   # [1, Hkv, slots, D], in place
+        out = meta.flex(padded_q.transpose(1, 2), keys, values, meta.block_mask, gqa)
+    else:
+        keys = kv_cache[0][meta.context_slots].transpose(1, 2)    # [R, Hkv, L, D]
+        values = kv_cache[1][meta.context_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), keys, values,
+                                             attn_mask=meta.attn_mask, enable_gqa=gqa)
     return out.transpose(1, 2)[meta.query_req, meta.query_offset]

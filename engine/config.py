@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from engine.activations import ACTIVATIONS, TRANSFORMERS_ACTIVATIONS
+from engine.attention import ATTENTION_BACKENDS
 from engine.errors import ModelLoadError, SpecgateError
 from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
 from engine.policy import MAX_INFLIGHT_STEPS, kv_lookahead
@@ -174,6 +175,7 @@ class EngineConfig:
     drafter: str | None = None
     async_runner: bool | None = None  # None: decided by the veto (engine/veto.py)
     graph: bool = False
+    attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference) or "flex" (paged kernel)
     trace: bool = False
     seed: int = 0
     extra: dict = field(default_factory=dict)
@@ -210,6 +212,11 @@ class EngineConfig:
             raise SpecgateError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.device, str) or not self.device.startswith(("cpu", "cuda")):
             raise SpecgateError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.attention_backend == "flex" and self.device.startswith("cuda") and self.block_size % 16:
+            raise SpecgateError(f"attention_backend='flex' on CUDA needs block_size a multiple of 16 (the kernel "
+                                f"reads keys in tiles of at least 16 within one cache block), got {self.block_size}")
 
     @property
     def k(self) -> int:

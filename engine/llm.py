@@ -66,6 +66,7 @@ class LLM:
         self.policy = runner_policy(self.config.spec, self.config.async_runner)
         self.model = load_model(model_dir, self.config.device, self.config.torch_dtype)
         self.runner = ModelRunner(self.config, self.model, self._make_proposer())
+        self.runner.capture_graphs()  # the graph arm on CUDA: every bucket, up front
         self.scheduler = Scheduler(self.config, self.policy)
         self.trace: list[StepTrace] | None = [] if self.config.trace else None
         # Where the host read device results: 'blocking' when the step read was the newest one

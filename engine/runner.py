@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import build_attention_metadata
+from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
 from engine.host_sync import DeclaredSyncs
 from engine.model import LlamaForCausalLM
@@ -21,6 +21,7 @@ from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput
 from engine.sampling import SamplingTensors, guarded_processors
 from engine.scheduler import ScheduledBatch
+from engine.staging import InputStaging
 from engine.step_plan import StepPlan, StepPlanner
 from engine.tokenizer import PAD_ID
 from engine.verify import verify
@@ -63,8 +64,15 @@ class ModelRunner:
                                  self.k, mc.vocab_size, getattr(proposer, "has_q", False), cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
-        self.graphs: dict[int, tuple] = {}
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (batch bucket, context bucket) -> graph
         self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
+        self.staging = InputStaging(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, cfg.max_num_seqs * (self.k + 1)),
+                                    cfg.blocks_per_seq, cfg.device, self.declared_syncs)
+        self.trace = cfg.trace
+        self.graph_arm = cfg.graph
+        self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
+        self.num_graph_replays = 0
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
@@ -72,47 +80,43 @@ class ModelRunner:
     # ---- device: run the step ----------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
-        inputs = self._upload(plan)
-        query_lens = [row.query_len for row in plan.rows]
-        sizes = (max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows))
-        processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
         if plan.arm == "graph" and self.is_cuda:
-            out = self._replay(plan.num_rows, inputs, sizes)
+            out = self._replay(plan)
         else:
-            out = self.device_step(inputs, sizes, processors)
+            processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
+            out = self.device_step(self._upload(plan), step_sizes(plan), processors, graph=plan.arm == "graph")
         real = len(plan.requests)
-        return StepOutput(out["sampled"][:real], out["num_accepted"][:real], out["num_draft"][:real],
-                          {name: out[name] for name in TRACED_INPUTS})
+        # The trace reads these a step late (async runner), after a replay has overwritten them.
+        traced = {name: out[name].clone() for name in TRACED_INPUTS} if self.trace else {}
+        return StepOutput(out["sampled"][:real], out["num_accepted"][:real], out["num_draft"][:real], traced)
 
     def _upload(self, plan: StepPlan) -> dict[str, torch.Tensor]:
-        def tensor(values, dtype=torch.long):
-            t = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=self.is_cuda)  # host staging
-            return t.to(self.device, non_blocking=True)
+        """The plan's columns, staged and copied to the device in one copy per dtype."""
         rows = plan.rows
         params = [row.request.params if row.request else None for row in rows]  # None: padding, greedy
-        return dict(slots=tensor([r.slot for r in rows]), query_lens=tensor([r.query_len for r in rows]),
-                    spec_width=tensor([r.spec_width for r in rows]),
-                    num_logits=tensor([r.num_logits for r in rows]),
-                    device_fed=tensor([r.device_fed for r in rows], torch.bool),
-                    is_prefill=tensor([r.is_prefill for r in rows], torch.bool),
-                    host_token_ids=tensor([t for r in rows for t in r.token_ids]),
-                    host_positions=tensor([p for r in rows for p in r.positions]),
-                    host_seq_lens=tensor([r.seq_len for r in rows]),
-                    block_tables=tensor([r.block_table for r in rows]),
-                    temperature=tensor([p.temperature if p else 0.0 for p in params], torch.float32),
-                    top_k=tensor([p.top_k if p else -1 for p in params]),
-                    top_p=tensor([p.top_p if p else 1.0 for p in params], torch.float32),
-                    keys=tensor([r.request.rng_key if r.request else 0 for r in rows]))
+        columns = dict(slots=[r.slot for r in rows], query_lens=[r.query_len for r in rows],
+                       spec_width=[r.spec_width for r in rows], num_logits=[r.num_logits for r in rows],
+                       device_fed=[r.device_fed for r in rows], is_prefill=[r.is_prefill for r in rows],
+                       host_token_ids=[t for r in rows for t in r.token_ids],
+                       host_positions=[p for r in rows for p in r.positions],
+                       host_seq_lens=[r.seq_len for r in rows], block_tables=[r.block_table for r in rows],
+                       temperature=[p.temperature if p else 0.0 for p in params],
+                       top_k=[p.top_k if p else -1 for p in params],
+                       top_p=[p.top_p if p else 1.0 for p in params],
+                       keys=[r.request.rng_key if r.request else 0 for r in rows])
+        return self.staging.upload(columns, len(rows), len(columns["host_token_ids"]))
 
     def device_step(self, inp: dict[str, torch.Tensor], sizes: tuple[int, int, int, int],
-                    processors=()) -> dict[str, torch.Tensor]:
-        """The whole step on the device, no host reads: capturable as one CUDA graph."""
+                    processors=(), graph: bool = False) -> dict[str, torch.Tensor]:
+        """The whole step on the device, no host reads: capturable as one CUDA graph (`graph`:
+        this step is a graph bucket's, its shapes fixed)."""
         max_query_len, max_context_len, num_tokens, total_logits = sizes
         state, k, dev = self.state, self.k, self.device
         slots, spec_width = inp["slots"], inp["spec_width"]
         num_reqs = slots.numel()
         query_start_loc = torch.nn.functional.pad(inp["query_lens"].cumsum(0), (1, 0))
-        is_verify = ~inp["is_prefill"]
+        is_verify = inp["is_prefill"] == 0  # flags are staged as int64 (engine/staging.py)
+        device_fed = inp["device_fed"] != 0
 
         # Combine: device-fed rows take ids and positions from the state the last step wrote;
         # every verify row takes its drafts from the draft buffer the last propose wrote.
@@ -127,14 +131,16 @@ class ModelRunner:
             device_ids = torch.where(offset == 0, last_token, draft)
         else:
             device_ids = last_token
-        fed_token = inp["device_fed"][query_req]
+        fed_token = device_fed[query_req]
         takes_draft = is_verify[query_req] & (offset >= 1)
         input_ids = torch.where(fed_token | takes_draft, device_ids, inp["host_token_ids"])
         positions = torch.where(fed_token, committed - 1 + offset, inp["host_positions"])
-        seq_lens = torch.where(inp["device_fed"], state.num_committed[slots] + spec_width, inp["host_seq_lens"])
+        seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp["host_seq_lens"])
 
+        flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
         meta = build_attention_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
-                                        self.block_size, max_query_len, max_context_len)
+                                        self.block_size, max_query_len, max_context_len, flex,
+                                        self.kv_caches[0].shape[1])
         hidden, aux = self.model(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
@@ -178,31 +184,59 @@ class ModelRunner:
                     positions=positions, seq_lens=seq_lens, query_start_loc=query_start_loc,
                     cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
 
-    def _replay(self, bucket: int, inputs: dict, sizes) -> dict[str, torch.Tensor]:
-        """CUDA: capture one graph per bucket on first use, then copy inputs in and replay.
-        Warm-up and capture run on an all-padding batch: a real batch would be executed twice,
-        and a device-fed row would advance its state twice."""
-        if bucket not in self.graphs:
-            static_in = self._upload(self.planner.padding_plan(bucket))
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.device_step(static_in, sizes)  # warm-up outside the graph
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # Capture synchronises once per bucket (and a sync inside a capture fails it anyway).
-            with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph):
-                static_out = self.device_step(static_in, sizes)
-            self.graphs[bucket] = (graph, static_in, static_out)
-        graph, static_in, static_out = self.graphs[bucket]
-        for name, t in inputs.items():
-            static_in[name].copy_(t)
+    def _replay(self, plan: StepPlan) -> dict[str, torch.Tensor]:
+        """CUDA: a graph's inputs are the staging buffer's device views for its bucket, so the
+        upload is all the input copying a replay needs. Its outputs are returned without a
+        clone: the host packs the results for download right after the step is queued
+        (LLM._start_download), stream-ordered before the next replay overwrites them."""
+        key = (plan.num_rows, plan.max_context_len)
+        if key not in self.graphs:
+            raise RuntimeError(f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up")
+        graph, static_in, static_out = self.graphs[key]
+        inputs = self._upload(plan)
+        if inputs["slots"].data_ptr() != static_in["slots"].data_ptr():
+            raise RuntimeError(f"graph {key}: the staged inputs moved since capture")
         graph.replay()
-        return {name: t.clone() for name, t in static_out.items()}
+        self.num_graph_replays += 1
+        return static_out
+
+    def capture_graphs(self) -> None:
+        """The graph arm on CUDA: capture every (batch, context) bucket now, at start-up, not on
+        a real step's first use. Largest first, so the smaller ones reuse the pool's memory."""
+        if not (self.graph_arm and self.is_cuda):
+            return
+        with torch.inference_mode():
+            for rows in reversed(self.planner.buckets):
+                for context in reversed(self.planner.context_buckets):
+                    self._capture((rows, context))
+
+    def _capture(self, key: tuple[int, int]) -> None:
+        """Warm up and capture the graph of a (batch, context) bucket on an all-padding batch (a
+        real batch would be executed twice, and a device-fed row would advance its state twice);
+        every graph allocates from one memory pool."""
+        padding = self.planner.padding_plan(*key)
+        static_in = self._upload(padding)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.device_step(static_in, step_sizes(padding), graph=True)  # warm-up (and compile) outside the graph
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # Capture synchronises once per bucket (and a sync inside a capture fails it anyway).
+        with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph, pool=self.graph_pool):
+            static_out = self.device_step(static_in, step_sizes(padding), graph=True)
+        self.graphs[key] = (graph, static_in, static_out)
 
 
 TRACED_INPUTS = ("input_ids", "positions", "seq_lens", "query_start_loc", "cu_num_logits",
                  "logits_indices", "draft_token_ids")
+
+
+def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:
+    """The host-known sizes a step's device work is shaped by: (max query length, context
+    length, tokens, logits). A graph bucket fixes all four."""
+    query_lens = [row.query_len for row in plan.rows]
+    return max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows)
 
 
 def build_logits_indices(query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,

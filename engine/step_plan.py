@@ -3,8 +3,9 @@
 Every field is known without reading the device. A row is fed either from the host (its last
 committed token, positions and sequence length are written here) or from the device state
 the previous step wrote (the async runner's device-fed rows carry placeholders); the runner
-policy decides which (engine/policy.py). A graph-arm step is padded to a fixed bucket of rows;
-padding rows run, write only the padding slot and the sink block, and their results are dropped.
+policy decides which (engine/policy.py). A graph-arm step is padded to a fixed bucket of rows
+and its context to a fixed bucket of lengths (a graph is captured per pair); padding rows run,
+write only the padding slot and the sink block, and their results are dropped.
 """
 from dataclasses import dataclass, replace
 
@@ -62,6 +63,9 @@ class StepPlanner:
         self.sink_block = cfg.total_kv_blocks  # an extra block that padding writes into
         self.padding_slot = cfg.max_num_seqs   # the device state's last slot
         self.buckets = graph_buckets(cfg.max_num_seqs)
+        # The flex kernel reads as many blocks as each request has: its graphs need no context bucket.
+        self.context_buckets = (context_buckets(self.table_width, self.block_size)
+                                if cfg.attention_backend == "sdpa" else [self.table_width * self.block_size])
 
     def plan(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         rows: list[RowPlan] = []
@@ -99,10 +103,13 @@ class StepPlanner:
             and not any(r.params.logits_processors for r in plan.requests)
 
     def _pad_to_bucket(self, plan: StepPlan, bucket: int | None = None) -> StepPlan:
+        """Rows up to the smallest batch bucket that holds them, the context up to the smallest
+        context bucket: attention's work grows with the context, so it is not padded to the
+        longest one."""
         bucket = bucket or next(b for b in self.buckets if b >= plan.num_rows)
+        context = next(c for c in self.context_buckets if c >= plan.max_context_len)
         padding = [self._padding_row() for _ in range(bucket - plan.num_rows)]
-        return replace(plan, arm="graph", rows=plan.rows + padding,
-                       max_context_len=self.table_width * self.block_size)
+        return replace(plan, arm="graph", rows=plan.rows + padding, max_context_len=context)
 
     def _padding_row(self) -> RowPlan:
         width = self.k + 1
@@ -110,11 +117,19 @@ class StepPlanner:
                        token_ids=[PAD_ID] * width, positions=list(range(width)), seq_len=width,
                        num_logits=width, block_table=self._table([]))
 
-    def padding_plan(self, bucket: int) -> StepPlan:
-        """An all-padding step of `bucket` rows: what a graph is warmed up and captured on."""
-        return self._pad_to_bucket(StepPlan(step=-1, arm="eager", rows=[], max_context_len=0), bucket)
+    def padding_plan(self, bucket: int, context: int) -> StepPlan:
+        """An all-padding step of `bucket` rows and context bucket `context`: what a graph is
+        warmed up and captured on."""
+        return self._pad_to_bucket(StepPlan(step=-1, arm="eager", rows=[], max_context_len=context), bucket)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """Batch sizes a graph is captured for: powers of two up to max_num_seqs, and it."""
     return [1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs] + [max_num_seqs]
+
+
+def context_buckets(table_width: int, block_size: int) -> list[int]:
+    """Context lengths a graph is captured for: powers of two blocks below the block table's
+    width, then the whole table."""
+    return [block_size << i for i in range(table_width.bit_length()) if 1 << i < table_width] \
+        + [table_width * block_size]

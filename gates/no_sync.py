@@ -112,5 +112,5 @@ def test_async_decode_loop_makes_no_undeclared_host_read(make_llm, gate_record, 
     gate_record.occurred("declared reads counted", declared.counts["deferred result read"] > 0
                          and reads.allowed > 0)
     gate_record.occurred("sync debug mode 'error'", device == "cuda")
-    gate_record.occurred("graph replayed", not graph or bool(llm.runner.graphs))
+    gate_record.occurred("graph replayed", not graph or llm.runner.num_graph_replays > 0)
     assert plans, "no step ran under the check"

@@ -112,7 +112,21 @@ def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
         host_positions=[3, 4, 5] * 3 + list(range(width)), host_seq_lens=[4 + K] * 3 + [width],
         device_fed=[False] * 4, refusals=[None] * 4,
         block_tables=[[i] + [sink] * (tw - 1) for i in range(3)] + [[sink] * tw],
-        max_context_len=tw * BLOCK)  # a graph is captured once per bucket, for the longest context
+        max_context_len=BLOCK)  # one block of context: the smallest context bucket
+
+
+@pytest.mark.parametrize("blocks, context", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 6)])
+def test_graph_plan_pads_the_context_to_the_smallest_context_bucket(blocks, context):
+    """Context buckets are powers of two blocks, then the whole table: attention's work follows
+    the longest context of the batch, not max_model_len."""
+    runner = make_runner()
+    tw = runner.planner.table_width
+    assert runner.planner.context_buckets == [BLOCK * 2 ** i for i in range((tw - 1).bit_length())] + [tw * BLOCK]
+    rows = [(req(0, [1, 2], output=[3], slot=0, blocks=[0]), False),
+            (req(1, [1, 2], output=[3], slot=1, blocks=list(range(1, blocks + 1))), False)]
+    assert plan(runner, rows, graph=True).max_context_len == context * BLOCK
+    padding = runner.planner.padding_plan(2, tw * BLOCK)
+    assert (padding.num_rows, padding.max_context_len, padding.requests) == (2, tw * BLOCK, [])
 
 
 @pytest.mark.parametrize("max_num_seqs, rows, bucket", [
@@ -156,14 +170,37 @@ def test_upload_gives_padding_rows_greedy_params_and_fixed_dtypes():
     assert inp["top_k"].tolist() == [5, 5, 5, -1]
     assert inp["top_p"].tolist() == [1.0, 1.0, 1.0, 1.0]
     assert inp["keys"].tolist() == [1000, 1001, 1002, 0]
-    # Integer-valued params still upload as float32: graph inputs keep one dtype per name.
+    # Integer-valued params still upload as float32; flags and integers go in the one int64 buffer.
     inp = runner._upload(plan(runner, rows))
     dtypes = {name: t.dtype for name, t in inp.items()}
     assert dtypes == dict(slots=torch.long, query_lens=torch.long, spec_width=torch.long, num_logits=torch.long,
-                          device_fed=torch.bool, is_prefill=torch.bool, host_token_ids=torch.long,
+                          device_fed=torch.long, is_prefill=torch.long, host_token_ids=torch.long,
                           host_positions=torch.long, host_seq_lens=torch.long, block_tables=torch.long,
                           temperature=torch.float32, top_k=torch.long, top_p=torch.float32, keys=torch.long)
     assert inp["block_tables"].shape == (3, runner.planner.table_width)
+
+
+def test_upload_stages_every_field_in_one_buffer_per_dtype_at_fixed_places():
+    """One int64 and one float32 buffer hold a step's inputs (one host-to-device copy each);
+    a step of the same rows and tokens finds each field at the same address, which is what
+    lets a graph replay read its inputs in place."""
+    runner = make_runner()
+    rows = [(req(i, [1, 2], output=[3], slot=i, blocks=[i, i + 8], temperature=0.5, seed=i), False)
+            for i in range(3)]
+    p = plan(runner, rows, graph=True)
+    first = runner._upload(p)
+    ints, floats = runner.staging.device
+    for name, t in first.items():
+        buffer = floats if t.dtype == torch.float32 else ints
+        assert buffer.data_ptr() <= t.data_ptr() < buffer.data_ptr() + buffer.numel() * buffer.element_size()
+    f = fields(p)
+    assert {name: first[name].tolist() for name in ("slots", "host_token_ids", "host_positions", "block_tables")} \
+        == {name: f[name] for name in ("slots", "host_token_ids", "host_positions", "block_tables")}
+    assert first["device_fed"].tolist() == [0] * 4 and first["temperature"].tolist() == [0.5] * 3 + [0.0]
+    again = runner._upload(plan(runner, rows[:1] + rows[2:], graph=True))  # 2 rows: bucket 2
+    assert again["slots"].tolist() == [0, 2]
+    same = runner._upload(p)
+    assert all(same[name].data_ptr() == first[name].data_ptr() for name in first)
 
 
 @pytest.mark.parametrize("has_q", [False, True], ids=["one-hot-q", "drafter-q"])
@@ -192,6 +229,13 @@ def test_runner_buffers(has_q):
         assert cache.shape == (2, 21 * BLOCK, MODEL.num_key_value_heads, MODEL.dim_per_head)
         assert cache.dtype == torch.float32 and not cache.any()
     assert runner.graphs == {} and runner.copy_stream is None and not runner.is_cuda
+
+
+def test_graphs_are_captured_up_front_on_cuda_only():
+    """On the CPU a graph-arm step runs eagerly (padded): start-up captures nothing."""
+    runner = make_runner(graph=True)
+    runner.capture_graphs()
+    assert runner.graphs == {} and runner.graph_pool is None and runner.num_graph_replays == 0
 
 
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():

@@ -1,0 +1,81 @@
+"""A step's host inputs on their way to the device: one staging buffer per dtype, one copy each.
+
+Every integer and boolean field goes into one int64 buffer, temperature and top_p into one
+float32 buffer; the device inputs are views into the matching device buffers. The layout
+depends only on the step's row and token counts, so a graph-arm step of a given bucket finds
+its inputs at the addresses its graph was captured with, and a replay needs no input copy.
+
+On CUDA the host buffers are pinned and the copies asynchronous: a host buffer may be refilled
+only once its last copy has run, so there is a small ring of them, each with the event of its
+last copy. On the CPU the host buffer is the device buffer.
+"""
+import torch
+
+from engine.host_sync import DeclaredSyncs
+
+ROW_FIELDS = ("slots", "query_lens", "spec_width", "num_logits", "device_fed", "is_prefill",
+              "host_seq_lens", "top_k", "keys")
+TOKEN_FIELDS = ("host_token_ids", "host_positions")
+FLOAT_FIELDS = ("temperature", "top_p")
+RING = 2  # the async runner reads a step's results before it plans the step after next
+
+
+class InputStaging:
+    def __init__(self, max_rows: int, max_tokens: int, table_width: int, device: str,
+                 declared_syncs: DeclaredSyncs):
+        self.table_width = table_width
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.is_cuda = device.startswith("cuda")
+        self.declared_syncs = declared_syncs
+        int_size = max_rows * (len(ROW_FIELDS) + table_width) + max_tokens * len(TOKEN_FIELDS)
+        float_size = max_rows * len(FLOAT_FIELDS)
+        depth = RING if self.is_cuda else 1
+        self.host = [(torch.zeros(int_size, dtype=torch.long, device="cpu", pin_memory=self.is_cuda),
+                      torch.zeros(float_size, dtype=torch.float32, device="cpu", pin_memory=self.is_cuda))
+                     for _ in range(depth)]
+        # numpy views, taken once: filling them is the fast path, and reads no tensor in the loop
+        self.host_arrays = [(ints.numpy(), floats.numpy()) for ints, floats in self.host]
+        self.copied = [None] * depth  # the event of each host pair's last copy (CUDA)
+        self.device = ((torch.zeros(int_size, dtype=torch.long, device=device),
+                        torch.zeros(float_size, dtype=torch.float32, device=device))
+                       if self.is_cuda else self.host[0])
+        self.turn = 0
+
+    def upload(self, columns: dict[str, list], num_rows: int, num_tokens: int) -> dict[str, torch.Tensor]:
+        """columns: every field of ROW_FIELDS, TOKEN_FIELDS and FLOAT_FIELDS as a flat list, and
+        block_tables as num_rows lists of table_width. Returns the device views, by name."""
+        if num_rows > self.max_rows or num_tokens > self.max_tokens:
+            raise RuntimeError(f"a step of {num_rows} rows and {num_tokens} tokens exceeds the staging "
+                               f"buffers ({self.max_rows} rows, {self.max_tokens} tokens)")
+        slot = self.turn
+        self.turn = (self.turn + 1) % len(self.host)
+        if self.copied[slot] is not None and not self.copied[slot].query():
+            with self.declared_syncs.allow("staging buffer reuse"):
+                self.copied[slot].synchronize()
+        host_int, host_float = self.host[slot]
+        int_slices, float_slices = self.layout(num_rows, num_tokens)
+        for array, slices in zip(self.host_arrays[slot], (int_slices, float_slices)):
+            for name, part in slices.items():
+                array[part] = columns[name] if name != "block_tables" else [t for row in columns[name] for t in row]
+        target_int, target_float = self.device
+        if self.is_cuda:
+            ints, floats = int_slices["block_tables"].stop, float_slices[FLOAT_FIELDS[-1]].stop
+            target_int[:ints].copy_(host_int[:ints], non_blocking=True)
+            target_float[:floats].copy_(host_float[:floats], non_blocking=True)
+            self.copied[slot] = torch.cuda.Event()
+            self.copied[slot].record()
+        views = {name: target_int[part] for name, part in int_slices.items()}
+        views["block_tables"] = views["block_tables"].view(num_rows, self.table_width)
+        return views | {name: target_float[part] for name, part in float_slices.items()}
+
+    def layout(self, num_rows: int, num_tokens: int) -> tuple[dict[str, slice], dict[str, slice]]:
+        """Where each field of a step of num_rows rows and num_tokens tokens lies in the int64
+        and the float32 buffer, packed from offset 0 (block_tables last)."""
+        sizes = [(name, num_rows) for name in ROW_FIELDS] + [(name, num_tokens) for name in TOKEN_FIELDS]
+        sizes.append(("block_tables", num_rows * self.table_width))
+        int_slices, offset = {}, 0
+        for name, size in sizes:
+            int_slices[name] = slice(offset, offset + size)
+            offset += size
+        float_slices = {name: slice(i * num_rows, (i + 1) * num_rows) for i, name in enumerate(FLOAT_FIELDS)}
+        return int_slices, float_slices

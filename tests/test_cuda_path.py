@@ -1,0 +1,96 @@
+"""The CUDA device path, on a GPU only (skipped elsewhere): the compiled flex kernel against the
+reference attention, in float32 and bfloat16; the kernel inside a CUDA graph; and the fixture
+target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sync/async,
+attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
+arrival steps. Graphs are captured at start-up, for every (batch, context) bucket."""
+import pytest
+import torch
+
+from engine.attention import build_attention_metadata, flex_kernels, paged_attention
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+BLOCK = 16  # the flex backend's CUDA kernel needs a multiple of 16
+MIXED = [(7, 7), (1, 40), (4, 21), (1, 1), (33, 70), (5, 5)]  # prefill, decode, verify, chunks
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def batch(dtype, heads=8, kv_heads=2, seed=0):
+    from test_attention_backends import paged_batch
+    return paged_batch(MIXED, heads, kv_heads, seed, block=BLOCK, num_blocks=32, dtype=dtype, device="cuda")
+
+
+def reference(q, k, v, cache, inputs):
+    """The SDPA backend in float32 on the same (rounded) values."""
+    meta = build_attention_metadata(**inputs)
+    return paged_attention(q.float(), k.float(), v.float(), cache.float().clone(), meta)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [(8, 2), (4, 4)], ids=["gqa", "mha"])
+def test_compiled_flex_kernel_equals_the_reference_attention(dtype, gqa):
+    q, k, v, cache, inputs = batch(dtype, *gqa)
+    meta = build_attention_metadata(**inputs, flex=flex_kernels("cuda", BLOCK).any_shapes,
+                                    num_cache_slots=cache.shape[1])
+    out = paged_attention(q, k, v, cache.clone(), meta)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), reference(q, k, v, cache, inputs), **TOLERANCE[dtype])
+
+
+def test_flex_kernel_replays_inside_a_cuda_graph():
+    """Compiled and warmed up outside, captured, then replayed on new cache contents: the
+    replay reads the cache in place (no gather), so it sees the new values."""
+    q, k, v, cache, inputs = batch(torch.float32)
+    cache = cache.clone()
+    meta = build_attention_metadata(**inputs, flex=flex_kernels("cuda", BLOCK).fixed_shapes,
+                                    num_cache_slots=cache.shape[1])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        paged_attention(q, k, v, cache, meta)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, k, v, cache, meta)
+    cache.copy_(torch.randn_like(cache))
+    graph.replay()
+    torch.testing.assert_close(out, reference(q, k, v, cache, inputs), **TOLERANCE[torch.float32])
+
+
+PROMPTS = ["def main(", "x = 1\nx = 1\nx = 1\nx =", "import os\nimport sys\nimport re\n", "class A:\n    def f(self):",
+           "for i in range(10):\n    print(i)\n"]
+ARRIVALS = [0, 0, 2, 3, 6]
+ARMS = [dict(graph=g, async_runner=a, attention_backend=b)
+        for b in ("sdpa", "flex") for g in (False, True) for a in (False, True)]
+
+
+def run(device, **arm):
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+    from fixtures import TARGET_DIR
+    llm = LLM(TARGET_DIR, device=device, dtype="float32", max_model_len=128, max_num_seqs=4, spec="ngram",
+              num_spec_tokens=3, trace=True, **arm)
+    lengths = [24, 9, 17, 30, 12]
+    outs = llm.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
+                        arrival_steps=ARRIVALS)
+    return llm, [o.token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def cpu_tokens():
+    return run("cpu")[1]
+
+
+@pytest.mark.parametrize("arm", ARMS, ids=lambda a: "{attention_backend}-{g}-{r}".format(
+    g="graph" if a["graph"] else "eager", r="async" if a["async_runner"] else "sync", **a))
+def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
+    llm, tokens = run("cuda", **arm)
+    assert tokens == cpu_tokens
+    arms = {t.route.split("/")[1] for t in llm.trace}
+    assert max(t.num_reqs for t in llm.trace) > 1
+    if arm["graph"]:
+        planner = llm.runner.planner
+        assert len(llm.runner.graphs) == len(planner.buckets) * len(planner.context_buckets)  # all at start-up
+        assert "graph" in arms and llm.runner.num_graph_replays > 0
+    if arm["graph"] and arm["attention_backend"] == "sdpa":
+        assert len(planner.context_buckets) > 1  # the context is bucketed, not padded to the table

@@ -197,7 +197,8 @@ def _write_json(path, result: dict) -> None:
 def cmd_bench_model_decode(args) -> int:
     from engine.bench_decode import decode_report
     result = decode_report(_bench_model_dir(args), args.device, args.runners.split(","), args.arm, args.concurrency,
-                           args.prompt_len, args.max_tokens, args.legs, progress=_progress)
+                           args.prompt_len, args.max_tokens, args.legs, progress=_progress,
+                           attention_backends=tuple(args.attention_backends.split(",")))
     for arm, per_c in result["arms"].items():
         for c, r in per_c.items():
             floor = result["floor"][c]["ms"]
@@ -259,6 +260,8 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--arm", choices=["graph", "eager"], default="graph")
             m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
+            m.add_argument("--attention-backends", choices=["sdpa", "flex", "sdpa,flex"], default="sdpa",
+                           help="attention backends to time (EngineConfig.attention_backend; flex: CUDA's paged kernel)")
         m.set_defaults(func=func)
     m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")
     m.add_argument("--decode", default=None, metavar="FILE")

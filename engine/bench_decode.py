@@ -130,9 +130,10 @@ def measure_decode(make_llm, prompts: list[list[int]], concurrencies: list[int],
 
 def decode_report(model_dir, device: str, runners: list[str], arm: str, concurrencies: list[int],
                   prompt_len: int = 64, max_tokens: int = 128, legs: int = 3, seed: int = 0,
-                  progress=None) -> dict:
-    """The bandwidth, the floor per concurrency, and ms per plain decode step per runner: what
-    `specgate bench-model decode` writes (engine/bench_summary.py reads it)."""
+                  progress=None, attention_backends: tuple[str, ...] = ("sdpa",)) -> dict:
+    """The bandwidth, the floor per concurrency, and ms per plain decode step per runner and
+    attention backend (arm keys "graph/async", "graph/async/flex"...): what `specgate bench-model
+    decode` writes (engine/bench_summary.py reads it)."""
     from engine import LLM
     from engine.bench_model import bench_prompts
     cfg = ModelConfig.from_dir(model_dir)
@@ -151,12 +152,14 @@ def decode_report(model_dir, device: str, runners: list[str], arm: str, concurre
                            "prompt_seed": seed, "legs": legs},
               "bandwidth_bytes_per_s": round(bandwidth), "floor": floor, "arms": {}}
     max_model_len = min(cfg.max_position_embeddings, prompt_len + max_tokens + 16)
-    for runner in runners:
-        def make_llm():
-            return LLM(model_dir, device=device, graph=arm == "graph", async_runner=runner == "async",
-                       max_num_seqs=max(concurrencies), max_model_len=max_model_len,
-                       max_num_batched_tokens=max(2048, max_model_len))
-        if progress is not None:
-            progress(f"{arm}/{runner}")
-        report["arms"][f"{arm}/{runner}"] = measure_decode(make_llm, prompts, concurrencies, max_tokens, legs, progress)
+    for backend in attention_backends:
+        for runner in runners:
+            def make_llm():
+                return LLM(model_dir, device=device, graph=arm == "graph", async_runner=runner == "async",
+                           max_num_seqs=max(concurrencies), max_model_len=max_model_len,
+                           max_num_batched_tokens=max(2048, max_model_len), attention_backend=backend)
+            name = f"{arm}/{runner}" + ("" if backend == "sdpa" else f"/{backend}")
+            if progress is not None:
+                progress(name)
+            report["arms"][name] = measure_decode(make_llm, prompts, concurrencies, max_tokens, legs, progress)
     return report

@@ -15,6 +15,7 @@ import torch
 
 from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
+from engine.errors import SpecgateError
 from engine.host_sync import DeclaredSyncs
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
@@ -70,6 +71,9 @@ class ModelRunner:
                                     cfg.blocks_per_seq, cfg.device, self.declared_syncs)
         self.trace = cfg.trace
         self.graph_arm = cfg.graph
+        if cfg.attention_backend == "flex" and self.is_cuda and mc.dim_per_head < 16:
+            raise SpecgateError(f"attention_backend='flex' on CUDA needs a head dimension of at least 16 (torch's "
+                                f"flex kernel), this model has {mc.dim_per_head}; use attention_backend='sdpa'")
         self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0

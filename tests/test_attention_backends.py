@@ -19,7 +19,7 @@ BLOCK, NUM_BLOCKS, HEAD_DIM = 4, 64, 8
 
 
 def paged_batch(rows, heads, kv_heads, seed, block=BLOCK, num_blocks=NUM_BLOCKS, dtype=torch.float32,
-                device="cpu"):
+                device="cpu", head_dim=None):
     """rows: (query_len, seq_len) per request; the query is the last query_len positions.
     Returns the flattened q, k, v, a random cache (block num_blocks is the sink) and the
     metadata inputs, with each request's blocks drawn at random from a shuffled pool."""
@@ -38,8 +38,9 @@ def paged_batch(rows, heads, kv_heads, seed, block=BLOCK, num_blocks=NUM_BLOCKS,
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(dtype).to(device)
 
-    cache = rand(2, (num_blocks + 1) * block, kv_heads, HEAD_DIM)
-    q, k, v = rand(num_tokens, heads, HEAD_DIM), rand(num_tokens, kv_heads, HEAD_DIM), rand(num_tokens, kv_heads, HEAD_DIM)
+    d = head_dim or HEAD_DIM
+    cache = rand(2, (num_blocks + 1) * block, kv_heads, d)
+    q, k, v = rand(num_tokens, heads, d), rand(num_tokens, kv_heads, d), rand(num_tokens, kv_heads, d)
 
     def t(x):
         return torch.tensor(x, device=device)

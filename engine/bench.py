@@ -5,10 +5,11 @@ both axes, throughput and acceptance, and ONE warm-leg predicate decides which l
 both, so the two axes always fold over the same population of legs.
 """
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engine.metrics import Acceptance
+from engine.oracle import OracleScript
 from engine.workload import Workload
 
 
@@ -41,6 +42,15 @@ def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_
         if len(prompts) == num_prompts:
             break
     return Workload.uniform(prompts, max_tokens, temperature)
+
+
+def oracle_script(llm, workload: Workload, k: int, tau: float) -> OracleScript:
+    """What the oracle replays: a plain greedy run of the workload on `llm` (a plain engine on the
+    target), each request given k more tokens than the workload asks, so that the drafts of its
+    last verify step are known too."""
+    params = [replace(p, max_tokens=p.max_tokens + k) for p in workload.params(ignore_eos=True)]
+    outs = llm.generate(workload.prompt_list(), params, arrival_steps=workload.arrivals())
+    return OracleScript.from_outputs(outs, tau, llm.config.model)
 
 
 def is_warm(leg_index: int, warmup_legs: int) -> bool:

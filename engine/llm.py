@@ -15,6 +15,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError, SpecgateError
 from engine.generation_config import GenerationDefaults
 from engine.loader import load_model
+from engine.oracle import OracleProposer, make_oracle
 from engine.outputs import RequestOutput
 from engine.proposers import NgramProposer
 from engine.request import Request, Status
@@ -87,6 +88,8 @@ class LLM:
         if self.config.spec == "block":
             from engine.block_drafter import BlockProposer
             return BlockProposer.from_dir(self.config.drafter, self.model, self.config)
+        if self.config.spec == "oracle":
+            return make_oracle(self.config, self.model_dir, self.model_config.vocab_size)
         return NgramProposer(0)
 
     # ---- requests -----------------------------------------------------------------------------
@@ -125,6 +128,8 @@ class LLM:
                                f"one generated token")
         if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
             raise RequestError(f"arrival_step must be an integer >= 0, got {arrival_step!r}")
+        if isinstance(self.runner.proposer, OracleProposer):
+            self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
         return token_ids
 
     def has_unfinished(self) -> bool:
@@ -150,6 +155,8 @@ class LLM:
             for req, prefill in zip(batch.requests, batch.is_prefill):
                 if prefill:
                     req.needs_prefill = req.is_resumed = False
+                    if isinstance(self.runner.proposer, OracleProposer):  # its continuation, into its slot
+                        self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
             launched = InFlight(plan, self.runner.execute(plan))
             self._start_download(launched)
         previous, self._in_flight = self._in_flight, launched

@@ -35,6 +35,7 @@ class InFlight:
     output: StepOutput
     host: torch.Tensor | None = None
     event: "torch.cuda.Event | None" = None
+    gpu_span: tuple | None = None   # timing events around the device work (bench, CUDA)
 
 
 class LLM:
@@ -142,6 +143,8 @@ class LLM:
         if self._in_flight and self.policy.drains_before_schedule(self.scheduler.running):
             self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
+        clock = self.runner.step_phases  # a no-op unless the bench measures (engine/metrics.py)
+        clock.start()
         batch = self.scheduler.schedule()
         if (self.scheduler.has_unfinished() and not (batch.requests or batch.preempted or self._in_flight)
                 and not self.scheduler.arrives_later(batch.step)):
@@ -152,13 +155,16 @@ class LLM:
         launched = None
         if batch.requests:
             plan = self.runner.plan_step(batch, self.policy, self.config.graph)
+            clock.mark("plan")
             for req, prefill in zip(batch.requests, batch.is_prefill):
                 if prefill:
                     req.needs_prefill = req.is_resumed = False
                     if isinstance(self.runner.proposer, OracleProposer):  # its continuation, into its slot
                         self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
-            launched = InFlight(plan, self.runner.execute(plan))
+            span = clock.begin_gpu()
+            launched = InFlight(plan, self.runner.execute(plan), gpu_span=clock.end_gpu(span))
             self._start_download(launched)
+            clock.launched()
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
             self._complete(previous, blocking=launched is None)
@@ -186,10 +192,12 @@ class LLM:
     def _complete(self, flight: InFlight, blocking: bool) -> None:
         """Read a step's results (the one place the host waits on the device) and apply them."""
         self.host_reads["blocking" if blocking else "deferred"] += 1
+        started = self.runner.step_phases.now()
         with self.runner.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
             if flight.event is not None:
                 flight.event.synchronize()
             results = StepResult.unpack(flight.host.tolist())
+        waited = self.runner.step_phases.now()
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
         self._fail_requests_with_errors(flight.plan)
@@ -214,6 +222,7 @@ class LLM:
                     self.scheduler.finish(req, reason)
                     self._finished.append(req)
                     break
+        self.runner.step_phases.add_completion(started, waited, flight.gpu_span)
 
     def _fail_requests_with_errors(self, plan: StepPlan) -> None:
         """A request whose step failed on the host (req.error) ends alone, emitting nothing from

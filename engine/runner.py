@@ -16,6 +16,7 @@ import torch
 from engine.attention import build_attention_metadata
 from engine.config import EngineConfig
 from engine.host_sync import DeclaredSyncs
+from engine.metrics import NoPhases
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput
@@ -65,6 +66,7 @@ class ModelRunner:
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
         self.graphs: dict[int, tuple] = {}
         self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
+        self.step_phases = NoPhases()  # the bench sets a metrics.StepPhases: host time per step by phase
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
@@ -73,6 +75,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
         inputs = self._upload(plan)
+        self.step_phases.mark("upload")  # the bench's phase clock (engine/metrics.py); a no-op otherwise
         query_lens = [row.query_len for row in plan.rows]
         sizes = (max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows))
         processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]

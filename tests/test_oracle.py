@@ -131,3 +131,46 @@ def test_prompts_the_script_cannot_replay_are_refused(make_llm):
         llm.generate([10, 11, 12], SamplingParams(temperature=0.8, max_tokens=8))
     assert not llm.has_unfinished()
     assert llm.generate([10, 11, 12], greedy)[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "--spec", "oracle"], ["--spec oracle needs --oracle-tau"]),
+    (["bench", "--oracle-tau", "2"], ["only with --spec oracle"]),
+    (["bench", "--spec", "oracle", "--oracle-tau", "5.5", "--num-spec-tokens", "4"], ["[1, 5]", "5.5"]),
+    (["bench", "--spec", "oracle", "--oracle-tau", "0.5"], ["--oracle-tau", ">= 1.0"]),
+    (["bench", "--spec", "oracle", "--oracle-tau", "2", "--temperature", "0.7"], ["--temperature must be 0"]),
+    (["generate", "--prompt", "x", "--spec", "oracle"], ["benchmarks only"]),
+])
+def test_the_command_refuses_oracle_misuse_in_one_line(capsys, argv, words):
+    from specgate_cli import main
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("specgate: error: "), err
+    for word in words:
+        assert word in err[0], err[0]
+
+
+def test_bench_runs_the_plain_pass_then_the_oracle_pass(tmp_path, capsys):
+    """At tau = k+1 every draft is accepted, so τ is exactly k+1; the oracle legs' tokens are the
+    plain legs'; every leg carries its host phases; --count-kernels adds aten ops per step (CPU)."""
+    import json
+
+    from specgate_cli import main
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--spec", "oracle", "--oracle-tau", "3", "--num-spec-tokens", "2", "--concurrency", "2",
+                 "--legs", "2", "--num-prompts", "2", "--max-tokens", "12", "--max-model-len", "256",
+                 "--count-kernels", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [leg["spec"] for leg in result["plain"]["legs"]] == [None, None]
+    assert [leg["spec"] for leg in result["legs"]] == ["oracle", "oracle"]
+    assert result["oracle_vs_plain"]["2"]["lossless"] and result["oracle_vs_plain"]["2"]["tau"] == 3.0
+    assert result["summary"]["2"]["acceptance"]["num_drafts"] > 2 and result["oracle_tau"] == 3.0
+    for summary in (result["summary"]["2"], result["plain"]["summary"]["2"]):
+        assert summary["phases"]["steps"] > 0 and summary["phases"]["gpu_ms_per_step"] is None
+    assert result["kernels"]["2"]["aten_ops_per_step"] > 10 and "aten" in result["kernels"]["2"]["counted"]
+    assert "oracle over plain" in printed and "tokens equal the plain run's" in printed
+    assert "host ms/step: plan" in printed and "aten ops" in printed

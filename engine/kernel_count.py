@@ -45,13 +45,26 @@ def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
     events = prof.events()
     out = {"arm": "eager", "steps": steps, "num_reqs": running, "k": llm.config.k}
     if cuda:
-        device = [e for e in events if e.device_type == DeviceType.CUDA]
-        copies = [e for e in device if e.name.startswith(("Memcpy", "Memset"))]
-        out |= {"counted": "CUDA kernels", "kernels_per_step": round((len(device) - len(copies)) / steps, 2),
-                "copies_per_step": round(len(copies) / steps, 2)}
+        kinds = [device_kind(e) for e in events if e.device_type == DeviceType.CUDA]
+        out |= {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
+                "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2)}
     else:
         top = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
         out |= {"counted": "CPU: top-level aten ops (no kernels on the CPU)",
                 "aten_ops_per_step": round(len(top) / steps, 2)}
     return out
+
+
+def device_kind(event) -> str:
+    """kernel, gpu_memcpy, gpu_memset or cuda_sync: the profiler's activity type where this torch
+    records it, else read from the name (copies and sets are named Memcpy/Memset, syncs ...Sync/Wait)."""
+    kind = getattr(event, "activity_type", None)
+    if kind:
+        return kind
+    name = event.name
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    return "cuda_sync" if "Sync" in name or "Wait" in name else "kernel"

@@ -162,7 +162,7 @@ def test_bench_runs_the_plain_pass_then_the_oracle_pass(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--spec", "oracle", "--oracle-tau", "3", "--num-spec-tokens", "2", "--concurrency", "2",
                  "--legs", "2", "--num-prompts", "2", "--max-tokens", "12", "--max-model-len", "256",
-                 "--count-kernels", "--json", str(out)]) == 0
+                 "--count-kernels", "--json", str(out), "--plot", str(tmp_path / "bench.png")]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     assert [leg["spec"] for leg in result["plain"]["legs"]] == [None, None]
@@ -174,3 +174,12 @@ def test_bench_runs_the_plain_pass_then_the_oracle_pass(tmp_path, capsys):
     assert result["kernels"]["2"]["aten_ops_per_step"] > 10 and "aten" in result["kernels"]["2"]["counted"]
     assert "oracle over plain" in printed and "tokens equal the plain run's" in printed
     assert "host ms/step: plan" in printed and "aten ops" in printed
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG" and result["figures"]["2"]["tau_fold"] == 3.0
+
+
+def test_a_preempted_request_replays_from_its_new_slot(make_llm, workload, plain):
+    """A preempted request is prefilled again, maybe in another slot: admission writes its
+    continuation there again, and the tokens stay the plain run's."""
+    tokens, acc, outs = run_oracle(make_llm, workload, plain, 3.0, num_kv_blocks=24, async_runner=True)
+    assert sum(o.stats.num_preemptions for o in outs) > 0
+    assert tokens == plain[1] and acc.num_accepted_tokens > 0

@@ -13,6 +13,7 @@ Whether position p of a request is corrupted is a hash of (the request's key, p)
 step, so it does not depend on batching, the runner or how earlier steps went, and each
 position's coin is looked at in at most one verify step (the next step starts past it).
 """
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from engine.proposers import ProposeInput
 from engine.tokenizer import PAD_ID
 
 MASK32 = (1 << 32) - 1
-MASK64 = (1 << 64) - 1
 
 
 def acceptance_for_tau(tau: float, k: int) -> float:
@@ -79,10 +79,8 @@ def _mix32(x):
 def request_key32(rng_key: int, prompt: list[int]) -> int:
     """The key a request's corruption pattern is drawn from: its rng key and its prompt (the bench
     gives every request of a leg the same seed; the prompt tells them apart)."""
-    x = rng_key & MASK64
-    for t in prompt:
-        x = _mix32((x ^ t) & MASK32) ^ ((x >> 32) * 31 & MASK32)
-    return _mix32((x ^ (rng_key >> 32)) & MASK32)
+    digest = hashlib.blake2b(repr((rng_key, list(prompt))).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 def corrupted(key32, position, threshold: int):

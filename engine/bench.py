@@ -79,9 +79,8 @@ def fold(legs: list[Leg]) -> dict:
             "tokens_per_s_min": round(min(rates), 2) if rates else None,
             "tokens_per_s_max": round(max(rates), 2) if rates else None,
             "acceptance": acc.as_dict(),
+            "phases": fold_phases([leg.phases for leg in warm if leg.phases]),
         }
-        if any(leg.phases for leg in warm):
-            out[str(c)]["phases"] = fold_phases([leg.phases for leg in warm if leg.phases])
     return out
 
 
@@ -94,7 +93,7 @@ def fold_phases(phases: list[dict]) -> dict:
     per_step = {name: round(1e3 * t / steps, 4) if steps else None for name, t in host.items()}
     total = sum(host[name] for name in PHASES)
     gpu = round(sum(p["gpu_ms"] for p in phases) / gpu_steps, 4) if gpu_steps else None
-    return {"steps": steps, "clock": phases[0]["clock"],
+    return {"steps": steps, "clock": phases[0]["clock"] if phases else None,
             "host_ms_per_step": per_step | {"total": round(1e3 * total / steps, 4) if steps else None},
             "gpu_ms_per_step": gpu,
             "host_over_gpu": round(1e3 * total / steps / gpu, 3) if gpu and steps else None}
@@ -102,23 +101,20 @@ def fold_phases(phases: list[dict]) -> dict:
 
 def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: int) -> Leg:
     params = workload.params(seed=index, ignore_eos=True)
-    runner = getattr(llm, "runner", None)  # a stand-in LLM in the tests has none
-    if runner is not None:
-        runner.step_phases = StepPhases(cuda=runner.is_cuda)
+    runner = llm.runner
+    runner.step_phases = StepPhases(cuda=runner.is_cuda)
     start = time.time()
     t0 = time.perf_counter()
     outs = llm.generate(workload.prompt_list(), params, arrival_steps=workload.arrivals())
     seconds = time.perf_counter() - t0
-    phases = None
-    if runner is not None:
-        phases, runner.step_phases = runner.step_phases.as_dict(), NoPhases()
+    phases, runner.step_phases = runner.step_phases.as_dict(), NoPhases()
     acc = Acceptance()
     for o in outs:
         acc.add(o.stats, len(o.token_ids))
     completion = sum(len(o.token_ids) for o in outs)
     return Leg(concurrency, index, sum(len(o.prompt_token_ids) for o in outs), completion, start,
                start + seconds, round(seconds, 4), round(completion / seconds, 2), acc.as_dict(),
-               is_warm(index, warmup_legs), getattr(getattr(llm, "config", None), "spec", None),
+               is_warm(index, warmup_legs), llm.config.spec,
                tokens_sha(outs), phases)
 
 

@@ -3,12 +3,14 @@ and the per-concurrency summary over the warm legs (fold).
 
 run_leg is driven through a recording stand-in for LLM.generate and a fake clock, so every
 field of the Leg is exact; one small leg on the fixture model checks the real engine end to end."""
+from types import SimpleNamespace
+
 import pytest
 
 from engine import bench
 from engine.bench import Leg, fold, is_warm, run_leg
 from engine.workload import Workload
-from engine.metrics import Acceptance, NoPhases
+from engine.metrics import Acceptance, NoPhases, StepPhases
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
@@ -30,6 +32,8 @@ class FakeClock:
 class RecordingLLM:
     def __init__(self, clock: FakeClock, elapsed: float, outputs: list[RequestOutput]):
         self.clock, self.elapsed, self.outputs, self.calls = clock, elapsed, outputs, []
+        self.config = SimpleNamespace(spec="ngram")
+        self.runner = SimpleNamespace(is_cuda=False, step_phases=NoPhases())  # where the bench's clock goes
 
     def generate(self, *args, **kwargs):
         self.calls.append((args, kwargs))
@@ -74,7 +78,8 @@ def test_a_leg_records_tokens_time_rate_and_acceptance(leg_run):
     leg = run_leg(leg_run, Workload.uniform(["a", "b"], 6, 0.0), concurrency=4, index=2, warmup_legs=1)
     assert leg == Leg(concurrency=4, index=2, prompt_tokens=11, completion_tokens=12, start=1000.0,
                       end=pytest.approx(1000.712345), seconds=0.7123, tokens_per_s=16.85,
-                      acceptance=ACCEPTANCE, warm=True, tokens_sha=bench.tokens_sha(OUTPUTS))
+                      acceptance=ACCEPTANCE, warm=True, spec="ngram", tokens_sha=bench.tokens_sha(OUTPUTS),
+                      phases=StepPhases(cuda=False).as_dict())  # the stand-in ran no engine step
 
 
 def test_the_tokens_digest_tells_outputs_apart():
@@ -107,12 +112,14 @@ def test_fold_summarises_only_the_warm_legs_of_each_concurrency():
             leg(2, 1, 20.0, False, 0, [])]
     merged = Acceptance(num_requests=3, completion_tokens=30, verify_steps=15, num_drafts=12,
                         num_draft_tokens=24, num_accepted_tokens=6, accepted_per_position=[4, 2, 0])
+    no_phases = bench.fold_phases([])  # these legs carry none
     assert fold(legs) == {
         "1": {"legs": [1, 2, 3], "tokens_per_s_mean": 11.93, "tokens_per_s_min": 10.46,
-              "tokens_per_s_max": 13.33, "acceptance": merged.as_dict()},
+              "tokens_per_s_max": 13.33, "acceptance": merged.as_dict(), "phases": no_phases},
         "2": {"legs": [], "tokens_per_s_mean": None, "tokens_per_s_min": None, "tokens_per_s_max": None,
-              "acceptance": Acceptance().as_dict()},
+              "acceptance": Acceptance().as_dict(), "phases": no_phases},
     }
+    assert no_phases["steps"] == 0 and no_phases["gpu_ms_per_step"] is None
     assert merged.as_dict()["mean_acceptance_length"] == 1.5
 
 

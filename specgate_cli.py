@@ -122,7 +122,8 @@ def cmd_bench(args) -> int:
     terminal = sys.stderr.isatty()
 
     def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
-        print(f"bench: {leg.spec or 'plain'} c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
+        tag = f"{leg.spec or 'plain'} " if oracle else ""  # the oracle bench runs both passes
+        print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
             "device": args.device, "max_model_len": _max_model_len(args),

@@ -26,7 +26,8 @@ MAX_MODEL_LEN_CAP = 2048
 def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", type=folder, default=str(TARGET_DIR),
                     help="Hugging Face-format model folder (default: fixture target)")
-    ap.add_argument("--spec", choices=["ngram", "block"], default=None, help="speculative decoding drafter")
+    ap.add_argument("--spec", choices=["ngram", "block", "oracle"], default=None,
+                    help="speculative decoding drafter (oracle: `specgate bench` only, with --oracle-tau)")
     ap.add_argument("--num-spec-tokens", type=int_at_least(1, 16), default=4, metavar="K",
                     help="draft tokens per verify step (k, 1..16; the block drafter takes at most 8)")
     ap.add_argument("--drafter", type=folder, default=None, help="block drafter folder (default: fixture drafter)")
@@ -109,26 +110,50 @@ def cmd_bench(args) -> int:
         print(f"specgate: error: --legs {args.legs} with --warmup-legs {args.warmup_legs} leaves no warm leg "
               f"to average: give --legs at least {args.warmup_legs + 1}, or lower --warmup-legs", file=sys.stderr)
         return 2
+    oracle = args.spec == "oracle"
+    if oracle != (args.oracle_tau is not None):
+        raise SpecgateError("--spec oracle needs --oracle-tau T (the mean acceptance length to replay at), "
+                            "and --oracle-tau is used only with --spec oracle")
+    if oracle:
+        from engine.oracle import acceptance_for_tau
+        acceptance_for_tau(args.oracle_tau, args.num_spec_tokens)  # refuse before the plain pass runs
+        if args.temperature != 0:
+            raise SpecgateError("--spec oracle replays a greedy run: --temperature must be 0")
     from fixtures.corpus import load_corpus
     workload = bench.heldout_workload(load_corpus(), args.num_prompts, max_tokens=args.max_tokens,
                                       temperature=args.temperature)
     terminal = sys.stderr.isatty()
 
     def leg_line(leg):  # not on a terminal: a line per leg instead of the bar
-        print(f"bench: c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
+        tag = f"{leg.spec or 'plain'} " if oracle else ""  # the oracle bench runs both passes
+        print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
-    legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph), workload, concurrencies, args.legs,
-                           args.warmup_legs, progress=terminal, on_leg=None if terminal else leg_line)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
             "device": args.device, "graph": args.graph, "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}
-    result = bench.report(legs, workload, meta)
-    for c, s in result["summary"].items():
-        acc = s["acceptance"]
-        extra = (f"  τ {acc['mean_acceptance_length']:.2f}  accept rate {acc['acceptance_rate']:.1%}"
-                 f"  accept length {acc['accept_length']:.2f}") if args.spec else ""
-        print(f"concurrency {c}: {s['tokens_per_s_mean']} tokens/s (warm legs {s['legs']}, "
-              f"min {s['tokens_per_s_min']}, max {s['tokens_per_s_max']}){extra}")
+    on_leg = None if terminal else leg_line
+    if oracle:
+        def make(c, script):
+            return _llm(args, max_num_seqs=c, spec="oracle" if script else None, oracle=script, graph=args.graph)
+        plain, legs = bench.run_oracle_bench(make, workload, concurrencies, args.legs, args.warmup_legs,
+                                             args.oracle_tau, args.num_spec_tokens, terminal, on_leg)
+        result = bench.oracle_report(plain, legs, workload, meta | {"oracle_tau": args.oracle_tau})
+        _print_summary(result["plain"]["summary"], "plain  ")
+    else:
+        legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph), workload, concurrencies, args.legs,
+                               args.warmup_legs, progress=terminal, on_leg=on_leg)
+        result = bench.report(legs, workload, meta)
+    _print_summary(result["summary"], "oracle " if oracle else "", args.spec)
+    for c, cmp in result.get("oracle_vs_plain", {}).items():
+        print(f"concurrency {c}: oracle over plain {cmp['speedup']}x at τ {cmp['tau']:.2f} "
+              f"(asked {args.oracle_tau}), tokens {'equal' if cmp['lossless'] else 'DIFFER from'} the plain run's")
+    if args.count_kernels:
+        from engine.kernel_count import count_kernels
+        result["kernels"] = {str(c): count_kernels(_llm(args, max_num_seqs=c, spec=None if oracle else args.spec),
+                                                   workload) for c in concurrencies}
+        for c, kc in result["kernels"].items():
+            n = kc.get("kernels_per_step", kc.get("aten_ops_per_step"))
+            print(f"concurrency {c}: {n} {kc['counted']} per decode step ({kc['arm']} arm, {kc['steps']} steps)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
@@ -141,6 +166,21 @@ def cmd_bench(args) -> int:
     if not (args.json or args.plot):
         print("wrote nothing (give --json FILE and/or --plot FILE.png)")
     return 0
+
+
+def _print_summary(summary: dict, label: str, spec: str | None = None) -> None:
+    for c, s in summary.items():
+        acc = s["acceptance"]
+        extra = (f"  τ {acc['mean_acceptance_length']:.2f}  accept rate {acc['acceptance_rate']:.1%}"
+                 f"  accept length {acc['accept_length']:.2f}") if spec else ""
+        print(f"{label}concurrency {c}: {s['tokens_per_s_mean']} tokens/s (warm legs {s['legs']}, "
+              f"min {s['tokens_per_s_min']}, max {s['tokens_per_s_max']}){extra}")
+        if "phases" in s:
+            ph = s["phases"]
+            host = "  ".join(f"{p} {ph['host_ms_per_step'][p]:.3f}" for p in ("plan", "upload", "launch", "completion"))
+            gpu = (f"; GPU {ph['gpu_ms_per_step']:.3f} ms/step, host/GPU {ph['host_over_gpu']}"
+                   if ph["gpu_ms_per_step"] is not None else "; no GPU time (CPU: device work runs in launch)")
+            print(f"{label}  host ms/step: {host} (wait {ph['host_ms_per_step']['completion_wait']:.3f}){gpu}")
 
 
 def _measure_load(args) -> int:
@@ -298,6 +338,12 @@ def main(argv=None) -> int:
     b.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write every leg and the fold")
     b.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
                    help="write a PNG: tokens/s per leg (and τ, acceptance per position with --spec)")
+    b.add_argument("--oracle-tau", type=float_in(1.0), default=None, metavar="T",
+                   help="with --spec oracle: the mean acceptance length the oracle replays at, in [1, k+1]; "
+                   "runs the plain pass, then the oracle pass (benchmark models: random weights)")
+    b.add_argument("--count-kernels", action="store_true",
+                   help="also count the device kernels per decode step in the eager arm (torch.profiler; "
+                   "on the CPU: aten ops)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
     from engine.bench_model import SHAPES

@@ -4,11 +4,13 @@ A leg is one pass of the whole workload at one concurrency (max_num_seqs). Every
 both axes, throughput and acceptance, and ONE warm-leg predicate decides which legs count for
 both, so the two axes always fold over the same population of legs.
 """
+import hashlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from engine.metrics import Acceptance
+from engine.metrics import PHASES, Acceptance, NoPhases, StepPhases
+from engine.oracle import OracleScript
 from engine.workload import Workload
 
 
@@ -24,6 +26,9 @@ class Leg:
     tokens_per_s: float
     acceptance: dict
     warm: bool
+    spec: str | None = None      # the engine's drafter (the oracle bench runs a plain pass first)
+    tokens_sha: str = ""         # sha256 of every request's output ids: the oracle leg's must be the plain's
+    phases: dict | None = None   # host time per step by phase, GPU time per step (metrics.StepPhases)
 
 
 def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_tokens: int = 64,
@@ -41,6 +46,15 @@ def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_
         if len(prompts) == num_prompts:
             break
     return Workload.uniform(prompts, max_tokens, temperature)
+
+
+def oracle_script(llm, workload: Workload, k: int, tau: float) -> OracleScript:
+    """What the oracle replays: a plain greedy run of the workload on `llm` (a plain engine on the
+    target), each request given k more tokens than the workload asks, so that the drafts of its
+    last verify step are known too."""
+    params = [replace(p, max_tokens=p.max_tokens + k) for p in workload.params(ignore_eos=True)]
+    outs = llm.generate(workload.prompt_list(), params, arrival_steps=workload.arrivals())
+    return OracleScript.from_outputs(outs, tau, llm.config.model)
 
 
 def is_warm(leg_index: int, warmup_legs: int) -> bool:
@@ -65,23 +79,48 @@ def fold(legs: list[Leg]) -> dict:
             "tokens_per_s_min": round(min(rates), 2) if rates else None,
             "tokens_per_s_max": round(max(rates), 2) if rates else None,
             "acceptance": acc.as_dict(),
+            "phases": fold_phases([leg.phases for leg in warm if leg.phases]),
         }
     return out
 
 
+def fold_phases(phases: list[dict]) -> dict:
+    """Host ms per step by phase and GPU ms per step over legs: their summed times over their
+    summed steps (a leg with more steps weighs more, as its steps do)."""
+    steps = sum(p["steps"] for p in phases)
+    gpu_steps = sum(p["gpu_steps"] for p in phases)
+    host = {name: sum(p["host_seconds"][name] for p in phases) for name in (*PHASES, "completion_wait")}
+    per_step = {name: round(1e3 * t / steps, 4) if steps else None for name, t in host.items()}
+    total = sum(host[name] for name in PHASES)
+    gpu = round(sum(p["gpu_ms"] for p in phases) / gpu_steps, 4) if gpu_steps else None
+    return {"steps": steps, "clock": phases[0]["clock"] if phases else None,
+            "host_ms_per_step": per_step | {"total": round(1e3 * total / steps, 4) if steps else None},
+            "gpu_ms_per_step": gpu,
+            "host_over_gpu": round(1e3 * total / steps / gpu, 3) if gpu and steps else None}
+
+
 def run_leg(llm, workload: Workload, concurrency: int, index: int, warmup_legs: int) -> Leg:
     params = workload.params(seed=index, ignore_eos=True)
+    runner = llm.runner
+    runner.step_phases = StepPhases(cuda=runner.is_cuda)
     start = time.time()
     t0 = time.perf_counter()
     outs = llm.generate(workload.prompt_list(), params, arrival_steps=workload.arrivals())
     seconds = time.perf_counter() - t0
+    phases, runner.step_phases = runner.step_phases.as_dict(), NoPhases()
     acc = Acceptance()
     for o in outs:
         acc.add(o.stats, len(o.token_ids))
     completion = sum(len(o.token_ids) for o in outs)
     return Leg(concurrency, index, sum(len(o.prompt_token_ids) for o in outs), completion, start,
                start + seconds, round(seconds, 4), round(completion / seconds, 2), acc.as_dict(),
-               is_warm(index, warmup_legs))
+               is_warm(index, warmup_legs), llm.config.spec,
+               tokens_sha(outs), phases)
+
+
+def tokens_sha(outs) -> str:
+    """sha256 of every request's output ids, in request order, 16 hex digits."""
+    return hashlib.sha256(repr([list(o.token_ids) for o in outs]).encode()).hexdigest()[:16]
 
 
 def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
@@ -92,14 +131,52 @@ def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
     results = []
     with tqdm(total=len(concurrencies) * legs, unit="leg", disable=not progress) as bar:
         for c in concurrencies:
-            llm = make_llm(c)
-            for i in range(legs):
-                bar.set_description(f"c={c} leg {i}")
-                results.append(run_leg(llm, workload, c, i, warmup_legs))
-                bar.update(1)
-                if on_leg is not None:
-                    on_leg(results[-1])
+            results += _legs(make_llm(c), workload, c, legs, warmup_legs, bar, on_leg)
     return results
+
+
+def _legs(llm, workload: Workload, c: int, legs: int, warmup_legs: int, bar, on_leg, name: str = "") -> list[Leg]:
+    results = []
+    for i in range(legs):
+        bar.set_description(f"{name}c={c} leg {i}")
+        results.append(run_leg(llm, workload, c, i, warmup_legs))
+        bar.update(1)
+        if on_leg is not None:
+            on_leg(results[-1])
+    return results
+
+
+def run_oracle_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int, warmup_legs: int,
+                     tau: float, k: int, progress: bool = True, on_leg=None) -> tuple[list[Leg], list[Leg]]:
+    """Per concurrency: the plain legs, the plain run the oracle replays (oracle_script), then the
+    oracle legs at `tau`. `make_llm(c, script)`: a plain engine when script is None, else an
+    oracle one. Returns (plain legs, oracle legs)."""
+    from tqdm import tqdm
+    plain, oracle = [], []
+    with tqdm(total=2 * len(concurrencies) * legs, unit="leg", disable=not progress) as bar:
+        for c in concurrencies:
+            llm = make_llm(c, None)
+            plain += _legs(llm, workload, c, legs, warmup_legs, bar, on_leg, "plain ")
+            script = oracle_script(llm, workload, k, tau)
+            del llm
+            oracle += _legs(make_llm(c, script), workload, c, legs, warmup_legs, bar, on_leg, "oracle ")
+    return plain, oracle
+
+
+def oracle_report(plain: list[Leg], oracle: list[Leg], workload: Workload, meta: dict) -> dict:
+    """The oracle legs' report, with the plain pass beside it: its legs and fold, and per
+    concurrency the speed-up (oracle over plain tokens/s, warm means) and whether every oracle
+    leg emitted the plain legs' tokens (lossless)."""
+    out = report(oracle, workload, meta)
+    plain_summary = fold(plain)
+    compare = {}
+    for c, s in out["summary"].items():
+        base = plain_summary[c]["tokens_per_s_mean"]
+        shas = {leg.tokens_sha for leg in plain + oracle if str(leg.concurrency) == c}
+        compare[c] = {"speedup": round(s["tokens_per_s_mean"] / base, 3) if base and s["tokens_per_s_mean"] else None,
+                      "tau": s["acceptance"]["mean_acceptance_length"], "lossless": len(shas) == 1}
+    return out | {"plain": {"legs": [asdict(leg) for leg in plain], "summary": plain_summary},
+                  "oracle_vs_plain": compare}
 
 
 def report(legs: list[Leg], workload: Workload, meta: dict) -> dict:

@@ -15,6 +15,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError, SpecgateError
 from engine.generation_config import GenerationDefaults
 from engine.loader import load_model
+from engine.oracle import OracleProposer, make_oracle
 from engine.outputs import RequestOutput
 from engine.proposers import NgramProposer
 from engine.request import Request, Status
@@ -34,6 +35,7 @@ class InFlight:
     output: StepOutput
     host: torch.Tensor | None = None
     event: "torch.cuda.Event | None" = None
+    gpu_span: tuple | None = None   # timing events around the device work (bench, CUDA)
 
 
 class LLM:
@@ -88,6 +90,8 @@ class LLM:
         if self.config.spec == "block":
             from engine.block_drafter import BlockProposer
             return BlockProposer.from_dir(self.config.drafter, self.model, self.config)
+        if self.config.spec == "oracle":
+            return make_oracle(self.config, self.model_dir, self.model_config.vocab_size)
         return NgramProposer(0)
 
     # ---- requests -----------------------------------------------------------------------------
@@ -126,6 +130,8 @@ class LLM:
                                f"one generated token")
         if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
             raise RequestError(f"arrival_step must be an integer >= 0, got {arrival_step!r}")
+        if isinstance(self.runner.proposer, OracleProposer):
+            self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
         return token_ids
 
     def has_unfinished(self) -> bool:
@@ -138,6 +144,8 @@ class LLM:
         if self._in_flight and self.policy.drains_before_schedule(self.scheduler.running):
             self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
+        clock = self.runner.step_phases  # a no-op unless the bench measures (engine/metrics.py)
+        clock.start()
         batch = self.scheduler.schedule()
         if (self.scheduler.has_unfinished() and not (batch.requests or batch.preempted or self._in_flight)
                 and not self.scheduler.arrives_later(batch.step)):
@@ -148,11 +156,16 @@ class LLM:
         launched = None
         if batch.requests:
             plan = self.runner.plan_step(batch, self.policy, self.config.graph)
+            clock.mark("plan")
             for req, prefill in zip(batch.requests, batch.is_prefill):
                 if prefill:
                     req.needs_prefill = req.is_resumed = False
-            launched = InFlight(plan, self.runner.execute(plan))
+                    if isinstance(self.runner.proposer, OracleProposer):  # its continuation, into its slot
+                        self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
+            span = clock.begin_gpu()
+            launched = InFlight(plan, self.runner.execute(plan), gpu_span=clock.end_gpu(span))
             self._start_download(launched)
+            clock.launched()
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
             self._complete(previous, blocking=launched is None)
@@ -180,10 +193,12 @@ class LLM:
     def _complete(self, flight: InFlight, blocking: bool) -> None:
         """Read a step's results (the one place the host waits on the device) and apply them."""
         self.host_reads["blocking" if blocking else "deferred"] += 1
+        started = self.runner.step_phases.now()
         with self.runner.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
             if flight.event is not None:
                 flight.event.synchronize()
             results = StepResult.unpack(flight.host.tolist())
+        waited = self.runner.step_phases.now()
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
         self._fail_requests_with_errors(flight.plan)
@@ -208,6 +223,7 @@ class LLM:
                     self.scheduler.finish(req, reason)
                     self._finished.append(req)
                     break
+        self.runner.step_phases.add_completion(started, waited, flight.gpu_span)
 
     def _fail_requests_with_errors(self, plan: StepPlan) -> None:
         """A request whose step failed on the host (req.error) ends alone, emitting nothing from

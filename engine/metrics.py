@@ -5,7 +5,11 @@ vLLM:   num_drafts, num_draft_tokens, num_accepted_tokens;
 SGLang: verify steps; accept length = completion tokens / verify steps.
 
 Only real drafts count: padded draft slots never enter a denominator.
+
+StepPhases: the bench's host time per engine step by phase (plan, upload, launch, completion)
+and, on CUDA, the GPU time of each step; NoPhases stands in for it outside the bench.
 """
+import time
 from dataclasses import dataclass, field
 
 from engine.request import RequestStats
@@ -66,3 +70,105 @@ class Acceptance:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "accept_length": round(self.accept_length, 4),
         }
+
+
+PHASES = ("plan", "upload", "launch", "completion")
+
+
+class StepPhases:
+    """Host time per engine step by phase, and on CUDA the GPU time of each step's device work;
+    for the bench only (an LLM's step_phases is None otherwise, and costs one check per phase).
+
+    plan: scheduling and the step plan; upload: host staging and the copies issued; launch:
+    issuing the device work (kernels, or a graph replay) and the result download; completion:
+    waiting for a step's results and committing them on the host (`completion_wait` is the
+    waiting part). On the CPU the device work runs on the host inside launch, so there is no
+    GPU time. gpu: the span between CUDA events recorded before and after the step's device work
+    on the compute stream (idle gaps inside the step included), read after the step's results
+    arrived, so measuring adds no host wait."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.completion_wait = 0.0
+        self.steps = 0          # steps launched
+        self.gpu_ms = 0.0
+        self.gpu_steps = 0
+        self._mark = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._mark = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Add the time since the last mark to `phase`."""
+        now = time.perf_counter()
+        self.seconds[phase] += now - self._mark
+        self._mark = now
+
+    def begin_gpu(self):
+        """A started pair of timing events around a step's device work (CUDA), else None."""
+        if not self.cuda:
+            return None
+        import torch
+        span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        span[0].record()
+        return span
+
+    def end_gpu(self, span):
+        if span is not None:
+            span[1].record()
+        return span
+
+    def launched(self) -> None:
+        """A step's device work and result download are issued."""
+        self.mark("launch")
+        self.steps += 1
+
+    def add_completion(self, start: float, waited: float, span) -> None:
+        """A step's completion: it began at `start` and its wait ended at `waited` (perf_counter)."""
+        self.seconds["completion"] += time.perf_counter() - start
+        self.completion_wait += waited - start
+        if span is not None:  # both events are done: the step's results, recorded after them, arrived
+            self.gpu_ms += span[0].elapsed_time(span[1])
+            self.gpu_steps += 1
+
+    def as_dict(self) -> dict:
+        per_step = {p: round(1e3 * s / self.steps, 4) if self.steps else None for p, s in self.seconds.items()}
+        total = sum(self.seconds.values())
+        return {"steps": self.steps, "clock": "host perf_counter" + ("" if self.cuda else
+                                                                    " (CPU: device work runs inside launch)"),
+                "host_ms_per_step": per_step | {
+                    "completion_wait": round(1e3 * self.completion_wait / self.steps, 4) if self.steps else None,
+                    "total": round(1e3 * total / self.steps, 4) if self.steps else None},
+                "host_seconds": {p: round(s, 6) for p, s in self.seconds.items()}
+                | {"completion_wait": round(self.completion_wait, 6)},
+                "gpu_steps": self.gpu_steps, "gpu_ms": round(self.gpu_ms, 4),
+                "gpu_ms_per_step": round(self.gpu_ms / self.gpu_steps, 4) if self.gpu_steps else None}
+
+
+class NoPhases:
+    """The phase clock outside the bench: every call does nothing (no clock read, no event)."""
+
+    def now(self) -> float:
+        return 0.0
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def begin_gpu(self) -> None:
+        return None
+
+    def end_gpu(self, span) -> None:
+        return None
+
+    def launched(self) -> None:
+        pass
+
+    def add_completion(self, start: float, waited: float, span) -> None:
+        pass

@@ -3,12 +3,14 @@ and the per-concurrency summary over the warm legs (fold).
 
 run_leg is driven through a recording stand-in for LLM.generate and a fake clock, so every
 field of the Leg is exact; one small leg on the fixture model checks the real engine end to end."""
+from types import SimpleNamespace
+
 import pytest
 
 from engine import bench
 from engine.bench import Leg, fold, is_warm, run_leg
 from engine.workload import Workload
-from engine.metrics import Acceptance
+from engine.metrics import Acceptance, NoPhases, StepPhases
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
@@ -30,6 +32,8 @@ class FakeClock:
 class RecordingLLM:
     def __init__(self, clock: FakeClock, elapsed: float, outputs: list[RequestOutput]):
         self.clock, self.elapsed, self.outputs, self.calls = clock, elapsed, outputs, []
+        self.config = SimpleNamespace(spec="ngram")
+        self.runner = SimpleNamespace(is_cuda=False, step_phases=NoPhases())  # where the bench's clock goes
 
     def generate(self, *args, **kwargs):
         self.calls.append((args, kwargs))
@@ -74,7 +78,15 @@ def test_a_leg_records_tokens_time_rate_and_acceptance(leg_run):
     leg = run_leg(leg_run, Workload.uniform(["a", "b"], 6, 0.0), concurrency=4, index=2, warmup_legs=1)
     assert leg == Leg(concurrency=4, index=2, prompt_tokens=11, completion_tokens=12, start=1000.0,
                       end=pytest.approx(1000.712345), seconds=0.7123, tokens_per_s=16.85,
-                      acceptance=ACCEPTANCE, warm=True)
+                      acceptance=ACCEPTANCE, warm=True, spec="ngram", tokens_sha=bench.tokens_sha(OUTPUTS),
+                      phases=StepPhases(cuda=False).as_dict())  # the stand-in ran no engine step
+
+
+def test_the_tokens_digest_tells_outputs_apart():
+    one, other = [output(0, 3, 4, RequestStats())], [output(0, 3, 4, RequestStats())]
+    other[0].token_ids[2] = 99
+    assert bench.tokens_sha(one) == bench.tokens_sha([output(0, 3, 4, RequestStats())]) != bench.tokens_sha(other)
+    assert bench.tokens_sha(one + other) != bench.tokens_sha(other + one)  # request order counts
 
 
 @pytest.mark.parametrize("index, warmup_legs, warm", [
@@ -100,12 +112,14 @@ def test_fold_summarises_only_the_warm_legs_of_each_concurrency():
             leg(2, 1, 20.0, False, 0, [])]
     merged = Acceptance(num_requests=3, completion_tokens=30, verify_steps=15, num_drafts=12,
                         num_draft_tokens=24, num_accepted_tokens=6, accepted_per_position=[4, 2, 0])
+    no_phases = bench.fold_phases([])  # these legs carry none
     assert fold(legs) == {
         "1": {"legs": [1, 2, 3], "tokens_per_s_mean": 11.93, "tokens_per_s_min": 10.46,
-              "tokens_per_s_max": 13.33, "acceptance": merged.as_dict()},
+              "tokens_per_s_max": 13.33, "acceptance": merged.as_dict(), "phases": no_phases},
         "2": {"legs": [], "tokens_per_s_mean": None, "tokens_per_s_min": None, "tokens_per_s_max": None,
-              "acceptance": Acceptance().as_dict()},
+              "acceptance": Acceptance().as_dict(), "phases": no_phases},
     }
+    assert no_phases["steps"] == 0 and no_phases["gpu_ms_per_step"] is None
     assert merged.as_dict()["mean_acceptance_length"] == 1.5
 
 
@@ -116,8 +130,9 @@ def test_fold_rounds_the_mean_to_two_decimals():
 
 
 def test_a_real_leg_on_the_fixture_model(make_llm):
-    """One small sampled ngram leg: the counts the Leg reports are the engine's own outputs."""
-    llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=2, max_model_len=64)
+    """One small sampled ngram leg: the counts the Leg reports are the engine's own outputs, and
+    its host phases cover every step it launched; after the leg the phase clock is off again."""
+    llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=2, max_model_len=64, trace=True)
     workload = Workload.uniform(["x = 1\nx = 1\n", "def f("], max_tokens=5, temperature=0.8)
     got = run_leg(llm, workload, concurrency=2, index=1, warmup_legs=1)
     outs = llm.generate(workload.prompt_list(), SamplingParams(temperature=0.8, max_tokens=5, seed=1, ignore_eos=True))
@@ -129,3 +144,50 @@ def test_a_real_leg_on_the_fixture_model(make_llm):
     assert got.completion_tokens == 10
     assert got.acceptance == acc.as_dict()
     assert got.seconds > 0 and got.end >= got.start and got.tokens_per_s > 0
+    assert got.spec == "ngram" and got.tokens_sha == bench.tokens_sha(outs)  # same seed, same tokens
+    phases = got.phases
+    assert phases["steps"] == len(llm.trace) // 2 and phases["steps"] >= 3  # the leg's half of the trace
+    assert all(phases["host_seconds"][p] > 0 for p in ("plan", "upload", "launch", "completion"))
+    assert 0 < phases["host_seconds"]["completion_wait"] <= phases["host_seconds"]["completion"]
+    assert phases["gpu_ms_per_step"] is None and "CPU" in phases["clock"]
+    assert isinstance(llm.runner.step_phases, NoPhases)
+
+
+def phases(steps: int, plan: float, upload: float, launch: float, completion: float, wait: float,
+           gpu_ms: float = 0.0, gpu_steps: int = 0) -> dict:
+    return {"steps": steps, "clock": "host perf_counter", "gpu_ms": gpu_ms, "gpu_steps": gpu_steps,
+            "host_seconds": {"plan": plan, "upload": upload, "launch": launch, "completion": completion,
+                             "completion_wait": wait}}
+
+
+def test_fold_phases_weighs_each_step_once():
+    """Summed times over summed steps: 4 + 6 steps, so the 6-step leg weighs 0.6."""
+    folded = bench.fold_phases([phases(4, 0.004, 0.008, 0.012, 0.016, 0.008, gpu_ms=10.0, gpu_steps=4),
+                                phases(6, 0.006, 0.002, 0.018, 0.004, 0.001, gpu_ms=30.0, gpu_steps=6)])
+    assert folded["steps"] == 10
+    assert folded["host_ms_per_step"] == {"plan": 1.0, "upload": 1.0, "launch": 3.0, "completion": 2.0,
+                                          "completion_wait": 0.9, "total": 7.0}
+    assert folded["gpu_ms_per_step"] == 4.0 and folded["host_over_gpu"] == 1.75
+
+
+def test_fold_adds_phases_only_from_warm_legs():
+    cold, warm = leg(1, 0, 5.0, False, 0, []), leg(1, 1, 5.0, True, 0, [])
+    cold.phases, warm.phases = phases(2, 1.0, 1.0, 1.0, 1.0, 0.5), phases(5, 0.005, 0.005, 0.005, 0.005, 0.001)
+    got = fold([cold, warm])["1"]["phases"]
+    assert got["steps"] == 5 and got["host_ms_per_step"]["total"] == 4.0 and got["gpu_ms_per_step"] is None
+
+
+def test_the_phase_clock_adds_each_interval_to_its_phase(monkeypatch):
+    from engine import metrics
+    ticks = iter([10.0, 10.5, 11.0, 13.0, 20.0, 20.25])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(ticks))
+    clock = metrics.StepPhases(cuda=False)
+    clock.start()              # 10.0
+    clock.mark("plan")         # 10.5
+    clock.mark("upload")       # 11.0
+    clock.launched()           # 13.0
+    clock.add_completion(19.0, 19.5, None)   # ends at 20.0
+    assert clock.seconds == {"plan": 0.5, "upload": 0.5, "launch": 2.0, "completion": 1.0}
+    assert clock.completion_wait == 0.5 and clock.steps == 1
+    d = clock.as_dict()
+    assert d["host_ms_per_step"]["total"] == 4000.0 and d["gpu_ms_per_step"] is None

@@ -1,0 +1,70 @@
+"""`specgate bench --count-kernels`: device kernels launched per decode step, in the eager arm.
+
+Launch count is what bounds the eager arm on a fast GPU (each launch costs the host ~10-20 µs),
+so it is counted, not timed: torch.profiler over a window of decode steps. On CUDA it counts
+the CUDA kernels (memory copies and sets apart); on the CPU there are no kernels, and it counts
+the top-level aten ops instead, labelled as such (the ops the engine's Python dispatches, each
+of which becomes one or more kernels on a GPU).
+"""
+import torch
+from torch.autograd import DeviceType
+
+from engine.workload import Workload
+
+
+def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
+    """Admit the workload's requests, run until every one is decoding, then profile up to
+    `max_steps` decode steps (none admits, prefills or finishes a request) and count per step."""
+    if llm.config.graph:
+        raise ValueError("count_kernels counts the eager arm: build the engine with graph=False")
+    if llm.has_unfinished():
+        raise ValueError("count_kernels needs an idle engine")
+    params = workload.params(ignore_eos=True)
+    for prompt, p in zip(workload.prompt_list(), params):
+        llm.add_request(prompt, p)  # all at once: the decode window then holds every request
+    while llm.scheduler.waiting or any(r.needs_prefill for r in llm.scheduler.running):
+        llm.step()
+    llm.step()  # one decode step outside the window: the first one's one-time costs
+    # Each step emits at most k+1 tokens per request, and the host learns them a step late.
+    room = min(r.params.max_tokens - len(r.output_token_ids) for r in llm.scheduler.running)
+    steps = min(max_steps, room // (llm.config.k + 1) - 2)
+    if steps < 1:
+        raise ValueError(f"the workload leaves no decode step to profile (max_tokens too small: {room} left)")
+    cuda = llm.runner.is_cuda
+    if cuda:
+        torch.cuda.synchronize()  # the window holds only the work its steps launch
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    running = len(llm.scheduler.running)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            llm.step()
+    if llm.scheduler.waiting or len(llm.scheduler.running) != running:
+        raise RuntimeError("a request was preempted or finished inside the profiled decode window")
+    while llm.has_unfinished():
+        llm.step()
+    events = prof.events()
+    out = {"arm": "eager", "steps": steps, "num_reqs": running, "k": llm.config.k}
+    if cuda:
+        kinds = [device_kind(e) for e in events if e.device_type == DeviceType.CUDA]
+        out |= {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
+                "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2)}
+    else:
+        top = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
+               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+        out |= {"counted": "CPU: top-level aten ops (no kernels on the CPU)",
+                "aten_ops_per_step": round(len(top) / steps, 2)}
+    return out
+
+
+def device_kind(event) -> str:
+    """kernel, gpu_memcpy, gpu_memset or cuda_sync: the profiler's activity type where this torch
+    records it, else read from the name (copies and sets are named Memcpy/Memset, syncs ...Sync/Wait)."""
+    kind = getattr(event, "activity_type", None)
+    if kind:
+        return kind
+    name = event.name
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    return "cuda_sync" if "Sync" in name or "Wait" in name else "kernel"

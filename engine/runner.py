@@ -9,6 +9,7 @@ positions and sequence length from the device state written by the previous step
 from the host; the runner policy (engine/policy.py) decides that when the step is planned.
 Drafts never leave the device.
 """
+import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -213,10 +214,20 @@ class ModelRunner:
         a real step's first use. Largest first, so the smaller ones reuse the pool's memory."""
         if not (self.graph_arm and self.is_cuda):
             return
-        with torch.inference_mode():
-            for rows in reversed(self.planner.buckets):
-                for context in reversed(self.planner.context_buckets):
-                    self._capture((rows, context))
+        # No garbage collection inside a capture: collecting an earlier engine's pinned buffers or
+        # events makes CUDA calls a capture forbids, and the capture fails ("operation failed due
+        # to a previous error during capture", seen once in three gate rounds on the H200).
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.inference_mode():
+                for rows in reversed(self.planner.buckets):
+                    for context in reversed(self.planner.context_buckets):
+                        self._capture((rows, context))
+        finally:
+            if collecting:
+                gc.enable()
 
     def _capture(self, key: tuple[int, int]) -> None:
         """Warm up and capture the graph of a (batch, context) bucket on an all-padding batch (a

@@ -104,6 +104,13 @@ DEFECTS = (
            "folds every leg, so the two axes describe different populations (the DFlash2 gap that could "
            "not be attributed).",
            ("acceptance",), token_invisible=True),
+    Defect("fold-per-position-zip-truncates",
+           "Per-position acceptance merged with zip(), which stops at the shorter list: folding legs into "
+           "an empty total keeps no position at all, so the fold's and the plot's acceptance per draft "
+           "position are empty while every counter is right (lists of unequal length, a classic merge bug; "
+           "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
+           "token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
     Defect("veto-ignores-env",
            "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
            "speculative decoding, so an A/B labelled async measures sync against sync.",

@@ -166,6 +166,18 @@ DEFECTS = (
            "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
            "the cuts bind, which the verify chi-square with its own q never made them do).",
            ("lossless",)),
+    # ---- LLM options that change the token path ---------------------------------------------------
+    Defect("dtype-overridden-by-checkpoint",
+           "An LLM option silently ignored: the checkpoint's dtype (config.json's torch_dtype) overrides the "
+           "dtype asked for, so dtype='bfloat16' runs float32 on a float32 checkpoint; every token can stay "
+           "right, only a check that the weights and KV cache really are bfloat16 sees it (no gate ran "
+           "bfloat16 before).",
+           ("lossless",)),
+    Defect("engine-seed-ignored",
+           "The engine seed never reaches the generator that keys unseeded sampled requests: runs are "
+           "reproducible, but every engine seed gives the same tokens (seeded gate workloads never drew "
+           "from it).",
+           ("lossless",)),
 )
 
 

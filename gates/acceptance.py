@@ -95,8 +95,11 @@ def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
         llm.generate = capture
         return llm
 
-    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False)
+    reported = []  # what `specgate bench` prints a line for, leg by leg, off a terminal
+    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False,
+                           on_leg=reported.append)
     assert len(runs) == len(legs), f"{len(legs)} legs made {len(runs)} engine runs"
+    assert reported == legs, "on_leg did not see every leg once, in order, as it finished"
     expected, traces = {}, {}
     for leg, (outputs, trace) in zip(legs, runs):
         traces[(leg.concurrency, leg.index)] = trace

@@ -7,13 +7,15 @@
 
 The two agree exactly once prefills and truncation are counted: completion tokens = prefills +
 verify steps + accepted - truncated. One warm-leg predicate must pick the legs for both the
-throughput and the acceptance axis.
+throughput and the acceptance axis, and every field the bench folds (its summary and the plot's
+figures) must equal its recomputation from the leg records (gates/bench_fold.py).
 """
 import functools
 
 import pytest
 
 from engine import bench
+from gates.bench_fold import report_difference
 from gates.compare import Difference
 from gates.invariants import real_records, width
 
@@ -60,31 +62,15 @@ def acceptance_difference(leg_index: int, reported: dict, expected: dict) -> Dif
     return None
 
 
-def fold_difference(legs: list, expected_by_leg: dict) -> Difference | None:
-    """fold() must take the same legs, the warm ones, for tokens/s and for acceptance."""
-    summary = bench.fold(legs)
-    for c in CONCURRENCIES:
-        mine = [leg for leg in legs if leg.concurrency == c]
-        warm = [leg for leg in mine if bench.is_warm(leg.index, WARMUP_LEGS)]
-        got = summary[str(c)]
-        if got["legs"] != [leg.index for leg in warm]:
-            return Difference("folded legs", None, None, c, [leg.index for leg in warm], got["legs"])
-        rates = [leg.tokens_per_s for leg in warm]
-        if got["tokens_per_s_mean"] != round(sum(rates) / len(rates), 2):
-            return Difference("folded tokens/s mean", None, None, c, round(sum(rates) / len(rates), 2),
-                              got["tokens_per_s_mean"])
-        sums = {name: sum(expected_by_leg[(c, leg.index)][name] for leg in warm)
-                for name in ("num_requests", "completion_tokens", "verify_steps", "num_drafts",
-                             "num_draft_tokens", "num_accepted_tokens")}
-        for name, want in sums.items():
-            if got["acceptance"][name] != want:
-                return Difference(f"folded acceptance {name} (warm legs only)", None, None, c, want,
-                                  got["acceptance"][name])
-        want_tau = round(1 + sums["num_accepted_tokens"] / sums["num_drafts"], 4) if sums["num_drafts"] else 1.0
-        if got["acceptance"]["mean_acceptance_length"] != want_tau:
-            return Difference("folded mean acceptance length", None, None, c, want_tau,
-                              got["acceptance"]["mean_acceptance_length"])
-    return None
+def fold_difference(legs: list, workload, drafter: str) -> Difference | None:
+    """One warm-leg predicate, the first WARMUP_LEGS legs of each concurrency cold; then every
+    field of the bench's folds (summary and figures) against their recomputation from the leg
+    records (gates/bench_fold.py)."""
+    for leg in legs:
+        if leg.warm != (leg.index >= WARMUP_LEGS):
+            return Difference("warm-leg predicate", None, None, leg.concurrency, leg.index >= WARMUP_LEGS,
+                              leg.warm)
+    return report_difference(bench.report(legs, workload, {"spec": drafter}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,8 +95,11 @@ def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
         llm.generate = capture
         return llm
 
-    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False)
+    reported = []  # what `specgate bench` prints a line for, leg by leg, off a terminal
+    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False,
+                           on_leg=reported.append)
     assert len(runs) == len(legs), f"{len(legs)} legs made {len(runs)} engine runs"
+    assert reported == legs, "on_leg did not see every leg once, in order, as it finished"
     expected, traces = {}, {}
     for leg, (outputs, trace) in zip(legs, runs):
         traces[(leg.concurrency, leg.index)] = trace
@@ -134,7 +123,7 @@ def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafte
         gate_record.occurred("num_reqs>1", max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
         gate_record.occurred("tokens truncated at max_tokens", expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
         gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
-    gate_record.check(fold_difference(legs, expected), "fold")
+    gate_record.check(fold_difference(legs, workload, drafter), "fold")
     gate_record.occurred(drafter)
     gate_record.occurred("async runner" if async_runner else "sync runner")
     gate_record.occurred("k>1", k > 1)

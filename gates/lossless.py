@@ -10,9 +10,13 @@ and whole sampled engine runs emit it too (randomized PIT of the tokens, and for
 drafter of its accept decisions, see gates/distribution.py), while the
 same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
 A seeded sampled run is also the same on both runners and in the graph arm, token for token, so
-the distribution test covers the graph arm's output too.
+the distribution test covers the graph arm's output too. Sampled requests without a seed take
+their keys from the engine's seed: reproducible under the same engine seed (and runner), different
+under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
+bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
 """
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,21 +24,27 @@ from engine import SamplingParams
 from gates import distribution
 from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
 from engine.verify import verify
-from gates.compare import token_difference
+from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
-from gates.reference import reference_difference
+from gates.reference import near_tie_difference, reference_difference, teacher_forced_logits
 from gates.workloads import (DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run,
                              workloads)
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
           "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
           "sampled graph arm", "logits processor", "top-k bound", "top-p bound", "block drafter q checked on a sampled row",
-          "block drafter q negative control failed")
+          "block drafter q negative control failed", "bfloat16 engine", "bfloat16 drafts accepted",
+          "unseeded sampled requests keyed by the engine seed")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
 BINDING = SAMPLING["t0.8-topk20-topp0.9"]
 ENGINE_Q_ROUNDS = 20_000
+# Small on purpose: bfloat16 is judged per token against a dense forward, and the engine seed
+# needs only a few sampled tokens to tell two seeds apart.
+BF16_WORKLOAD = Workload(prompts=tuple(PROMPTS[i] for i in (0, 3, 6, 7)), max_tokens=(16, 24, 12, 20),
+                         arrival_steps=(0, 0, 1, 2), ignore_eos=(True,) * 4)
+UNSEEDED = Workload.uniform(PROMPTS[:4], 12, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +222,68 @@ def test_verify_with_the_block_drafters_own_q_emits_the_target_distribution(make
     assert support < q.shape[-1], "top-k/top-p did not cut the drafter's q"
     judge_positions(gate_record, results, lossy, "block drafter q negative control failed",
                     "verify with the drafter's q")
+
+
+def dtype_difference(llm, dtype: torch.dtype) -> Difference | None:
+    """The engine really runs in `dtype`: every weight and every KV cache, not only its config."""
+    got = {t.dtype for t in (*llm.model.parameters(), *llm.runner.kv_caches)}
+    return None if got == {dtype} else Difference("engine dtype (weights and KV cache)", None, None, None,
+                                                  str(dtype), sorted(map(str, got)))
+
+
+def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, gate_record, target_dir, gate_device):
+    from engine.loader import load_model
+    reference = load_model(target_dir, gate_device, torch.bfloat16)   # on its own: not the engine's dtype path
+    params = BF16_WORKLOAD.params()
+    runs = {}
+    for name, engine in {"plain": {}, "ngram": dict(spec="ngram", num_spec_tokens=3, async_runner=False),
+                         "block": dict(spec="block", num_spec_tokens=3, async_runner=True)}.items():
+        llm = make_llm(dtype="bfloat16", max_num_seqs=4, **engine)
+        outs = llm.generate(BF16_WORKLOAD.prompt_list(), params, arrival_steps=BF16_WORKLOAD.arrivals())
+        gate_record.case(dtype="bfloat16", run=name, num_reqs=BF16_WORKLOAD.num_reqs, **engine)
+        gate_record.check(dtype_difference(llm, torch.bfloat16), f"{name}: asked for bfloat16")
+        gate_record.occurred("bfloat16 engine")
+        ties = 0
+        for o, m in zip(outs, BF16_WORKLOAD.max_tokens):
+            assert len(o.token_ids) == m and o.finish_reason == "length", f"{name}: request {o.request_id} ended early"
+            logits = teacher_forced_logits(reference, o.prompt_token_ids, o.token_ids)
+            diff, n = near_tie_difference(logits, o.token_ids, o.request_id, len(o.prompt_token_ids))
+            gate_record.check(diff, f"{name} in bfloat16: vs the bfloat16 reference decoder")
+            ties += n
+        gate_record.measure(dtype="bfloat16", run=name, near_ties=ties,
+                            accepted=sum(o.stats.num_accepted_tokens for o in outs))
+        if engine:
+            gate_record.occurred("bfloat16 drafts accepted", sum(o.stats.num_accepted_tokens for o in outs) > 0)
+        runs[name] = outs
+    for name in ("ngram", "block"):  # equal to plain up to the first token, a near-tie the reference allows
+        for s, p in zip(runs[name], runs["plain"]):
+            d = next((i for i, (a, b) in enumerate(zip(s.token_ids, p.token_ids)) if a != b), None)
+            if d is not None:
+                logits = teacher_forced_logits(reference, p.prompt_token_ids, p.token_ids[:d + 1])
+                gate_record.check(near_tie_difference(logits[d:], [s.token_ids[d]], s.request_id,
+                                                      len(s.prompt_token_ids) + d)[0],
+                                  f"{name} vs plain in bfloat16: first difference beyond a near-tie")
+
+
+def test_unseeded_sampled_requests_take_their_keys_from_the_engine_seed(make_llm, gate_record):
+    """Sampled requests without a seed: the same engine seed gives the same tokens (on either
+    runner), another engine seed other tokens."""
+    params = UNSEEDED.params(ignore_eos=True)
+    assert all(p.seed is None and not p.is_greedy for p in params)
+    tokens = {}
+    for seed, async_runner in ((0, False), (0, True), (1, False)):
+        for again in (False, True) if not async_runner and seed == 0 else (False,):
+            llm = make_llm(spec="ngram", num_spec_tokens=3, max_num_seqs=4, seed=seed, async_runner=async_runner)
+            gate_record.case(engine_seed=seed, async_runner=async_runner, again=again, unseeded=UNSEEDED.num_reqs)
+            outs = llm.generate(UNSEEDED.prompt_list(), params)
+            tokens[seed, async_runner, again] = [o.token_ids for o in outs]
+    base = tokens[0, False, False]
+    for key in ((0, False, True), (0, True, False)):
+        gate_record.check(None if tokens[key] == base else Difference(
+            "unseeded sampled tokens under the same engine seed", None, None, None, base, tokens[key]),
+            f"engine seed 0, async_runner={key[1]}, again={key[2]}")
+    differs = tokens[1, False, False] != base
+    gate_record.check(None if differs else Difference(
+        "unseeded sampled tokens under engine seeds 0 and 1 (the engine seed did not key them)", None, None, None,
+        "different tokens", "the same tokens"), "engine seed 1 vs 0")
+    gate_record.occurred("unseeded sampled requests keyed by the engine seed", differs)

@@ -10,7 +10,12 @@ max_model_len), as the engine documents them.
 A request's greedy stream does not depend on when it stops, so the stream is decoded once per
 (prompt, logits processors) and extended on demand; every stop rule is applied to that cached
 stream. One decoder lives for a gates session (the `reference` fixture), so it stays cheap.
+
+In bfloat16 exact equality across batch shapes is not possible (near-ties swap), so a bfloat16
+run is judged teacher-forced instead: each greedy token against the reference's logits for its
+own prefix, within a near-tie of BF16_TIE_ULPS (near_tie_difference).
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +127,40 @@ def reference_difference(reference: ReferenceDecoder, run, max_model_len: int) -
 class _Outputs:
     outputs: list
     trace: list
+
+
+# bfloat16 keeps 8 significant bits, so two logits a near-tie apart in one batch shape can swap in
+# another (plain decode, a verify window, the dense reference): a bfloat16 greedy token is judged
+# right when its logit is within this many bfloat16 units in the last place of the row's maximum.
+BF16_TIE_ULPS = 2
+
+
+def bf16_tolerance(row_max: float) -> float:
+    """BF16_TIE_ULPS units in the last place of bfloat16 at |row_max|."""
+    return BF16_TIE_ULPS * 2.0 ** (math.floor(math.log2(max(abs(row_max), 2.0 ** -126))) - 7)
+
+
+@torch.no_grad()
+def teacher_forced_logits(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """The reference's logits for each of `token_ids` given everything before it: one dense
+    forward over prompt + tokens (no cache, no batching), rows [len(token_ids), V]."""
+    ids = list(prompt_ids) + list(token_ids[:-1])
+    logits, _ = model.forward_dense(torch.tensor([ids], device=model.lm_head.weight.device))
+    return logits[0, len(prompt_ids) - 1:].float()
+
+
+def near_tie_difference(logits: torch.Tensor, token_ids: list[int], request_id: int,
+                        prompt_len: int) -> tuple[Difference | None, int]:
+    """Every greedy token against the reference's logits for it (teacher_forced_logits): the
+    token's logit must be within bf16_tolerance of the row's maximum. Returns the first token
+    beyond it (or None) and how many tokens were near-ties other than the argmax."""
+    ties = 0
+    for i, token in enumerate(token_ids):
+        row = logits[i]
+        top, gap = float(row.max()), float(row.max() - row[token])
+        if gap > bf16_tolerance(top):
+            return Difference(f"output token (vs the reference decoder, beyond a bfloat16 near-tie of "
+                              f"{BF16_TIE_ULPS} ulps; logit gap {gap:.4f})", None, request_id, prompt_len + i,
+                              int(row.argmax()), token), ties
+        ties += gap > 0
+    return None, ties

@@ -104,6 +104,13 @@ DEFECTS = (
            "folds every leg, so the two axes describe different populations (the DFlash2 gap that could "
            "not be attributed).",
            ("acceptance",), token_invisible=True),
+    Defect("fold-per-position-zip-truncates",
+           "Per-position acceptance merged with zip(), which stops at the shorter list: folding legs into "
+           "an empty total keeps no position at all, so the fold's and the plot's acceptance per draft "
+           "position are empty while every counter is right (lists of unequal length, a classic merge bug; "
+           "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
+           "token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
     Defect("veto-ignores-env",
            "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
            "speculative decoding, so an A/B labelled async measures sync against sync.",
@@ -158,6 +165,18 @@ DEFECTS = (
            "Verify processes p with temperature only, while the drafter's q is cut by top-k and top-p: the "
            "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
            "the cuts bind, which the verify chi-square with its own q never made them do).",
+           ("lossless",)),
+    # ---- LLM options that change the token path ---------------------------------------------------
+    Defect("dtype-overridden-by-checkpoint",
+           "An LLM option silently ignored: the checkpoint's dtype (config.json's torch_dtype) overrides the "
+           "dtype asked for, so dtype='bfloat16' runs float32 on a float32 checkpoint; every token can stay "
+           "right, only a check that the weights and KV cache really are bfloat16 sees it (no gate ran "
+           "bfloat16 before).",
+           ("lossless",)),
+    Defect("engine-seed-ignored",
+           "The engine seed never reaches the generator that keys unseeded sampled requests: runs are "
+           "reproducible, but every engine seed gives the same tokens (seeded gate workloads never drew "
+           "from it).",
            ("lossless",)),
 )
 

@@ -4,6 +4,7 @@ slice of the standard library's source. Session-scoped: built once per test run.
 import json
 import sysconfig
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,3 +106,45 @@ def llama2_dir(tmp_path_factory, hf_tokenizer_dir) -> Path:
     edit_json(folder / "tokenizer_config.json", add_bos_token=True, add_eos_token=False)
     (folder / "generation_config.json").unlink(missing_ok=True)
     return folder
+
+
+@pytest.fixture(scope="session")
+def scripted_bench():
+    """`run(concurrencies, legs, warmup_legs, script)`: engine.bench.run_bench as `specgate bench`
+    calls it, on stand-in engines and a stand-in clock: the generate call of leg (c, i) takes
+    script[c, i] = (seconds, outputs) and returns those RequestOutputs. Returns the Legs.
+    Session-scoped (Hypothesis refuses function-scoped fixtures); the clock is patched per call."""
+    from engine import bench
+    from engine.workload import Workload
+
+    class Clock:
+        wall, perf = 1_700_000_000.0, 100.0
+
+        def time(self) -> float:
+            return self.wall
+
+        def perf_counter(self) -> float:
+            return self.perf
+
+    def run(concurrencies: list[int], legs: int, warmup_legs: int, script: dict) -> list:
+        clock = Clock()
+
+        class ScriptedLLM:
+            def __init__(self, concurrency: int):
+                self.concurrency, self.index = concurrency, 0
+                # what run_leg reads besides generate: the phase clock's slot and the spec name
+                self.runner = SimpleNamespace(is_cuda=False, step_phases=None)
+                self.config = SimpleNamespace(spec=None)
+
+            def generate(self, prompts, params, arrival_steps=None):
+                seconds, outputs = script[self.concurrency, self.index]
+                self.index += 1
+                clock.perf += seconds
+                clock.wall += seconds
+                return outputs
+
+        workload = Workload.uniform(["p"], max_tokens=4, temperature=0.0)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(bench, "time", clock)
+            return bench.run_bench(ScriptedLLM, workload, concurrencies, legs, warmup_legs, progress=False)
+    return run

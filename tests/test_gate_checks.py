@@ -116,13 +116,13 @@ def test_acceptance_goes_red_on_a_leg_that_disagrees_with_its_trace(make_llm):
     workload = bench.Workload.uniform(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
     legs, expected, _ = traced_legs(make_llm, workload, spec="ngram", num_spec_tokens=3)
     assert all(leg_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]) is None for leg in legs)
-    assert fold_difference(legs, expected) is None
+    assert fold_difference(legs, workload, "ngram") is None
     leg = legs[-1]
     doctored = dict(leg.acceptance, num_accepted_tokens=leg.acceptance["num_accepted_tokens"] + 1)
     diff = leg_difference(leg.index, doctored, expected[(leg.concurrency, leg.index)])
     assert diff.what == "leg acceptance num_accepted_tokens" and diff.actual == diff.expected + 1
     cold_counted = [dataclasses.replace(leg, warm=True) if leg.index < WARMUP_LEGS else leg for leg in legs]
-    assert fold_difference(cold_counted, expected).what == "folded legs"
+    assert fold_difference(cold_counted, workload, "ngram").what == "warm-leg predicate"
 
 
 def test_speed_ab_reports_a_delta_under_the_floor_never_as_a_ratio():

@@ -119,18 +119,24 @@ def test_passes_anywhere(gate_record):
 }
 
 
+def write_fake_gates(folder) -> list:
+    """FAKE_GATES written as gate modules in `folder`, as registry entries."""
+    gates = []
+    for name, source in FAKE_GATES.items():
+        path = folder / f"fake_{name.replace('-', '_')}.py"
+        path.write_text(source)
+        gates.append(registry.Gate(f"fake-{name}", path.stem, f"fake gate {name}",
+                                   "cuda" if name == "cuda-pass" else "cpu", path))
+    return gates
+
+
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory):
     """One `specgate gates run` over fake gates, the real (cheap) reason-a gate, and the real
     CUDA-only busy gate."""
     from gates.run import run_gates
     tmp = tmp_path_factory.mktemp("gates")
-    fakes = []
-    for name, source in FAKE_GATES.items():
-        path = tmp / f"fake_{name.replace('-', '_')}.py"
-        path.write_text(source)
-        fakes.append(registry.Gate(f"fake-{name}", path.stem, f"fake gate {name}",
-                                   "cuda" if name == "cuda-pass" else "cpu", path))
+    fakes = write_fake_gates(tmp)
     real = registry.by_name(["reason-a", "busy"])
     json_path, junit_path = tmp / "gates.json", tmp / "gates.xml"
     result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True)
@@ -143,12 +149,7 @@ def test_gates_run_in_parallel_give_the_serial_report(tmp_path):
     them; each gate's result, the summary and the JUnit suites equal the one-process run's. Fake
     gates (no engine) keep it cheap: the merge is what is tested, not the gates."""
     from gates.run import plan, run_gates
-    gates = []
-    for name, source in FAKE_GATES.items():
-        path = tmp_path / f"fake_{name.replace('-', '_')}.py"
-        path.write_text(source)
-        gates.append(registry.Gate(f"fake-{name}", path.stem, f"fake gate {name}",
-                                   "cuda" if name == "cuda-pass" else "cpu", path))
+    gates = write_fake_gates(tmp_path)
     gates.insert(2, registry.by_name(["busy"])[0])
     phases = plan(gates, 2)
     assert len(phases) == 2 and len(phases[0]) == 2 and [g.name for g in phases[1][0]] == ["busy"]

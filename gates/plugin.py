@@ -81,6 +81,13 @@ class Recorder:
         if condition:
             self._session.current_claims().add(claim)
 
+    def unexercisable(self, claim: str, proof: str) -> None:
+        """The target provably cannot make `claim` happen (`proof` says why, from this run's
+        own records): the claim is not demanded and the report lists it with the proof under
+        `waived_claims`, as for a drafter unfit for the target. Never for the fixture models'
+        claims by assumption: call it only where the proof is computed."""
+        self._session.unexercisable[self._session.gate_of(self._session.current_item.path).name][claim] = proof
+
     def evidence(self, **data) -> None:
         """Attach evidence to the current case; the report shows it when the test fails."""
         self._session.current_test()["evidence"].append(_jsonable(data))
@@ -103,6 +110,7 @@ class GateSession:
         self.gates = gates
         self.tests: dict[str, dict[str, dict]] = {g.name: {} for g in gates}
         self.claims: dict[str, set[str]] = {g.name: set() for g in gates}
+        self.unexercisable: dict[str, dict[str, str]] = {g.name: {} for g in gates}  # claim -> proof
         self.declared_claims: dict[str, tuple[str, ...]] = {}
         self.collect_errors: dict[str, str] = {}
         self.current_item = None
@@ -207,6 +215,7 @@ class GateSession:
         # starting "<drafter> drafter ...") is not demanded; why is reported.
         waived = {c: why for d, why in self.skipped_drafters().items() for c in claims
                   if c == d or c.startswith(f"{d} drafter ")} if tests else {}
+        waived |= {c: proof for c, proof in self.unexercisable[gate.name].items() if c not in seen}
         status, reason = verdicts.verdict(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
                                           has_cuda(), waived)
         evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,

@@ -92,3 +92,14 @@ def test_support_chi_square_fails_a_token_outside_the_support_and_passes_a_fair_
     assert support_p_value(np.array([500, 300, 200, 0]), p) > 0.5
     assert support_p_value(np.array([900, 50, 50, 0]), p) < 1e-3
     assert support_p_value(np.array([10, 0, 0, 0]), np.array([1.0, 0, 0, 0])) == 1.0
+
+
+def test_bigram_repeats_decides_whether_any_ngram_draft_could_be_accepted():
+    """lossless waives its bf16 accepted-draft claim only on this proof: an n-gram draft equals the
+    greedy token only where that token completes a bigram seen earlier (prompt or output)."""
+    from gates.lossless import bigram_repeats
+    assert not bigram_repeats([1, 2, 3, 4, 5, 6], start=3)
+    assert bigram_repeats([1, 2, 3, 1, 2], start=3)        # output 2 completes (1, 2) from the prompt
+    assert bigram_repeats([7, 8, 9, 8, 9], start=2)        # inside the output
+    assert not bigram_repeats([1, 2, 1, 2, 5, 6], start=4)  # the repeat is inside the prompt only
+    assert not bigram_repeats([4, 4], start=2)             # nothing generated

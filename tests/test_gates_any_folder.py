@@ -50,11 +50,12 @@ def test_the_block_drafter_applies_to_its_own_target_only(target_dir, drafter_di
 
 
 @pytest.mark.slow
-def test_lossless_and_emit_count_on_a_random_llama3_folder(llama3_dir, tmp_path):
+def test_lossless_and_emit_count_are_green_on_a_random_llama3_folder(llama3_dir, tmp_path):
     """`specgate gates run lossless emit-count --model DIR` on a Llama 3-style folder with its own
     tokenizer: the fixture block drafter does not fit it and is skipped with the reason; every
-    ngram case runs and every comparison holds; emit-count is green, lossless red only on the
-    one claim this random model cannot exercise (an accepted draft in bfloat16)."""
+    ngram case runs, and both gates are green. The random model's bfloat16 streams never repeat a
+    bigram, so no n-gram draft can be accepted there: lossless waives that one claim with the
+    proof computed from the run, in `waived_claims`."""
     report_path = tmp_path / "gates.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "gates", "run", "lossless", "emit-count",
                            "--model", str(llama3_dir), "--json", str(report_path)],
@@ -63,14 +64,12 @@ def test_lossless_and_emit_count_on_a_random_llama3_folder(llama3_dir, tmp_path)
     report_json = json.loads(report_path.read_text())
     assert report_json["environment"]["model"] == str(llama3_dir)
     for gate in report_json["gates"]:
-        # The random folder's short bfloat16 streams never repeat, so no ngram draft is accepted in
-        # bf16: lossless reports that claim unexercised (red), every comparison having held.
-        unexercised = [c for c, seen in gate["claims"].items() if not seen and c not in gate["waived_claims"]]
-        assert unexercised == (["bfloat16 drafts accepted"] if gate["name"] == "lossless" else []), gate["reason"]
-        assert all(t["outcome"] in ("passed", "skipped") for t in gate["tests"]), gate["reason"]
+        assert gate["status"] == "green", gate["reason"]
         assert "block drafter skipped" in gate["waived_claims"]["block"]
         assert "hidden_size 192 does not match the target's 64" in gate["waived_claims"]["block"]
         assert gate["claims"]["ngram"] is True and gate["claims"]["block"] is False
+        if gate["name"] == "lossless":  # this random model's bf16 streams never repeat a bigram: proven, not assumed
+            assert "completes a bigram seen before it" in gate["waived_claims"]["bfloat16 drafts accepted"]
         block = [t for t in gate["tests"] if "block" in t["nodeid"].split("[", 1)[-1]]
         ngram = [t for t in gate["tests"] if "ngram" in t["nodeid"].split("[", 1)[-1]]
         assert block and all(t["outcome"] == "skipped" and "block drafter skipped" in t["message"] for t in block)

@@ -27,7 +27,8 @@ from engine.verify import verify
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
 from gates.plugin import SESSION_PLUGIN
-from gates.reference import near_tie_difference, reference_difference, teacher_forced_logits
+from gates.reference import (bigram_repeats, dtype_difference, near_tie_difference, reference_difference,
+                              teacher_forced_logits)
 from gates.workloads import (DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run,
                              workloads)
 
@@ -223,27 +224,6 @@ def test_verify_with_the_block_drafters_own_q_emits_the_target_distribution(make
     assert support < q.shape[-1], "top-k/top-p did not cut the drafter's q"
     judge_positions(gate_record, results, lossy, "block drafter q negative control failed",
                     "verify with the drafter's q")
-
-
-def bigram_repeats(tokens: list[int], start: int) -> bool:
-    """Whether some token at or after `start` completes a bigram seen earlier in `tokens`: only
-    then can a prompt-lookup (n-gram) draft, which copies what followed an earlier match of the
-    current suffix, equal the greedy token (a match of n >= 1 tokens followed by the same token
-    is a repeated bigram)."""
-    seen = {(a, b) for a, b in zip(tokens[:start - 1], tokens[1:start])} if start > 1 else set()
-    for i in range(max(start, 1), len(tokens)):
-        pair = (tokens[i - 1], tokens[i])
-        if pair in seen:
-            return True
-        seen.add(pair)
-    return False
-
-
-def dtype_difference(llm, dtype: torch.dtype) -> Difference | None:
-    """The engine really runs in `dtype`: every weight and every KV cache, not only its config."""
-    got = {t.dtype for t in (*llm.model.parameters(), *llm.runner.kv_caches)}
-    return None if got == {dtype} else Difference("engine dtype (weights and KV cache)", None, None, None,
-                                                  str(dtype), sorted(map(str, got)))
 
 
 def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, gate_record, target_dir, gate_device,

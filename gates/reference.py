@@ -164,3 +164,24 @@ def near_tie_difference(logits: torch.Tensor, token_ids: list[int], request_id: 
                               int(row.argmax()), token), ties
         ties += gap > 0
     return None, ties
+
+
+def bigram_repeats(tokens: list[int], start: int) -> bool:
+    """Whether some token at or after `start` completes a bigram seen earlier in `tokens`: only
+    then can a prompt-lookup (n-gram) draft, which copies what followed an earlier match of the
+    current suffix, equal the greedy token (a match of n >= 1 tokens followed by the same token
+    is a repeated bigram)."""
+    seen = {(a, b) for a, b in zip(tokens[:start - 1], tokens[1:start])} if start > 1 else set()
+    for i in range(max(start, 1), len(tokens)):
+        pair = (tokens[i - 1], tokens[i])
+        if pair in seen:
+            return True
+        seen.add(pair)
+    return False
+
+
+def dtype_difference(llm, dtype: torch.dtype) -> Difference | None:
+    """The engine really runs in `dtype`: every weight and every KV cache, not only its config."""
+    got = {t.dtype for t in (*llm.model.parameters(), *llm.runner.kv_caches)}
+    return None if got == {dtype} else Difference("engine dtype (weights and KV cache)", None, None, None,
+                                                  str(dtype), sorted(map(str, got)))

@@ -97,7 +97,7 @@ def test_support_chi_square_fails_a_token_outside_the_support_and_passes_a_fair_
 def test_bigram_repeats_decides_whether_any_ngram_draft_could_be_accepted():
     """lossless waives its bf16 accepted-draft claim only on this proof: an n-gram draft equals the
     greedy token only where that token completes a bigram seen earlier (prompt or output)."""
-    from gates.lossless import bigram_repeats
+    from gates.reference import bigram_repeats
     assert not bigram_repeats([1, 2, 3, 4, 5, 6], start=3)
     assert bigram_repeats([1, 2, 3, 1, 2], start=3)        # output 2 completes (1, 2) from the prompt
     assert bigram_repeats([7, 8, 9, 8, 9], start=2)        # inside the output

@@ -38,6 +38,8 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
                     "with reason 'context'")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="default: the checkpoint's dtype (float32 for float16 or unstated)")
+    ap.add_argument("--compile", action="store_true",
+                    help="run the fused forward compiled by inductor (engine/fused.py; CUDA's fast path)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -67,7 +69,7 @@ def _llm(args, **extra):
     max_model_len = _max_model_len(args)
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
                   device=args.device, async_runner=args.async_runner, max_model_len=max_model_len,
-                  max_num_batched_tokens=max(2048, max_model_len))
+                  max_num_batched_tokens=max(2048, max_model_len), compile=args.compile)
     if args.dtype is not None:
         kwargs["dtype"] = args.dtype
     kwargs.update(extra)
@@ -129,7 +131,7 @@ def cmd_bench(args) -> int:
         print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "graph": args.graph, "max_model_len": _max_model_len(args),
+            "device": args.device, "graph": args.graph, "compile": args.compile, "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
@@ -238,7 +240,8 @@ def cmd_bench_model_decode(args) -> int:
     from engine.bench_decode import decode_report
     result = decode_report(_bench_model_dir(args), args.device, args.runners.split(","), args.arm, args.concurrency,
                            args.prompt_len, args.max_tokens, args.legs, progress=_progress,
-                           attention_backends=tuple(args.attention_backends.split(",")))
+                           attention_backends=tuple(args.attention_backends.split(",")),
+                           compile_modes=tuple(mode == "on" for mode in args.compile.split(",")))
     for arm, per_c in result["arms"].items():
         for c, r in per_c.items():
             floor = result["floor"][c]["ms"]
@@ -302,6 +305,8 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
             m.add_argument("--attention-backends", choices=["sdpa", "flex", "sdpa,flex"], default="sdpa",
                            help="attention backends to time (EngineConfig.attention_backend; flex: CUDA's paged kernel)")
+            m.add_argument("--compile", choices=["off", "on", "off,on"], default="off",
+                           help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)
     m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")
     m.add_argument("--decode", default=None, metavar="FILE")

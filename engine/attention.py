@@ -141,17 +141,41 @@ def paged_block_mask(query_pos: torch.Tensor, seq_lens: torch.Tensor, block_tabl
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, num_slots, Hkv, D]. Returns [T, H, D]."""
-    kv_cache[0].index_copy_(0, meta.slot_mapping, k)
-    kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-    padded_q = q.new_zeros(meta.num_reqs, meta.max_query_len, *q.shape[1:])
-    padded_q[meta.query_req, meta.query_offset] = q
-    gqa = kv_cache.shape[2] != q.shape[1]
-    if meta.block_mask is not None:
-        keys, values = (kv_cache[i].transpose(0, 1)[None] for i in range(2))   # [1, Hkv, slots, D], in place
-        out = meta.flex(padded_q.transpose(1, 2), keys, values, meta.block_mask, gqa)
-    else:
-        keys = kv_cache[0][meta.context_slots].transpose(1, 2)    # [R, Hkv, L, D]
-        values = kv_cache[1][meta.context_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), keys, values,
-                                             attn_mask=meta.attn_mask, enable_gqa=gqa)
+    write_cache(kv_cache, k, v, meta.slot_mapping)
+    return read_cache(q, kv_cache, meta)
+
+
+def write_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    kv_cache[0].index_copy_(0, slot_mapping, k)
+    kv_cache[1].index_copy_(0, slot_mapping, v)
+
+
+def read_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Attention of the step's queries over the cache (their own keys already written)."""
+    if meta.block_mask is None:
+        return sdpa_read(q, kv_cache, meta.query_req, meta.query_offset, meta.context_slots, meta.attn_mask,
+                         meta.max_query_len, kv_cache.shape[2] != q.shape[1])
+    padded_q = _pad_queries(q, meta.query_req, meta.query_offset, meta.num_reqs, meta.max_query_len)
+    keys, values = (kv_cache[i].transpose(0, 1)[None] for i in range(2))   # [1, Hkv, slots, D], in place
+    out = meta.flex(padded_q.transpose(1, 2), keys, values, meta.block_mask, kv_cache.shape[2] != q.shape[1])
     return out.transpose(1, 2)[meta.query_req, meta.query_offset]
+
+
+def sdpa_read(q: torch.Tensor, kv_cache: torch.Tensor, query_req: torch.Tensor, query_offset: torch.Tensor,
+              context_slots: torch.Tensor, attn_mask: torch.Tensor, max_query_len: int, gqa: bool) -> torch.Tensor:
+    """The sdpa backend: each request's context gathered out of the cache, then SDPA under the mask
+    (gqa: fewer key/value heads than query heads)."""
+    padded_q = _pad_queries(q, query_req, query_offset, context_slots.shape[0], max_query_len)
+    keys = kv_cache[0][context_slots].transpose(1, 2)    # [R, Hkv, L, D]
+    values = kv_cache[1][context_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), keys, values, attn_mask=attn_mask,
+                                         enable_gqa=gqa)
+    return out.transpose(1, 2)[query_req, query_offset]
+
+
+def _pad_queries(q: torch.Tensor, query_req: torch.Tensor, query_offset: torch.Tensor, num_reqs: int,
+                 max_query_len: int) -> torch.Tensor:
+    """[R, max_query_len, H, D]: each request's queries in its own row, zeros after them."""
+    padded_q = q.new_zeros(num_reqs, max_query_len, *q.shape[1:])
+    padded_q[query_req, query_offset] = q
+    return padded_q

@@ -14,6 +14,7 @@ With the async runner the first decode step is already launched when the window 
 how that runner learns the prefill's token), so its window is short by part of one step in
 max_tokens - 1: under 1% at the default 128 tokens.
 """
+import itertools
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -130,10 +131,11 @@ def measure_decode(make_llm, prompts: list[list[int]], concurrencies: list[int],
 
 def decode_report(model_dir, device: str, runners: list[str], arm: str, concurrencies: list[int],
                   prompt_len: int = 64, max_tokens: int = 128, legs: int = 3, seed: int = 0,
-                  progress=None, attention_backends: tuple[str, ...] = ("sdpa",)) -> dict:
-    """The bandwidth, the floor per concurrency, and ms per plain decode step per runner and
-    attention backend (arm keys "graph/async", "graph/async/flex"...): what `specgate bench-model
-    decode` writes (engine/bench_summary.py reads it)."""
+                  progress=None, attention_backends: tuple[str, ...] = ("sdpa",),
+                  compile_modes: tuple[bool, ...] = (False,)) -> dict:
+    """The bandwidth, the floor per concurrency, and ms per plain decode step per runner, attention
+    backend and forward (arm keys "graph/async", "graph/async/flex", "graph/async/compiled"...):
+    what `specgate bench-model decode` writes (engine/bench_summary.py reads it)."""
     from engine import LLM
     from engine.bench_model import bench_prompts
     cfg = ModelConfig.from_dir(model_dir)
@@ -152,14 +154,13 @@ def decode_report(model_dir, device: str, runners: list[str], arm: str, concurre
                            "prompt_seed": seed, "legs": legs},
               "bandwidth_bytes_per_s": round(bandwidth), "floor": floor, "arms": {}}
     max_model_len = min(cfg.max_position_embeddings, prompt_len + max_tokens + 16)
-    for backend in attention_backends:
-        for runner in runners:
-            def make_llm():
-                return LLM(model_dir, device=device, graph=arm == "graph", async_runner=runner == "async",
-                           max_num_seqs=max(concurrencies), max_model_len=max_model_len,
-                           max_num_batched_tokens=max(2048, max_model_len), attention_backend=backend)
-            name = f"{arm}/{runner}" + ("" if backend == "sdpa" else f"/{backend}")
-            if progress is not None:
-                progress(name)
-            report["arms"][name] = measure_decode(make_llm, prompts, concurrencies, max_tokens, legs, progress)
+    for compiled, backend, runner in itertools.product(compile_modes, attention_backends, runners):
+        def make_llm():
+            return LLM(model_dir, device=device, graph=arm == "graph", async_runner=runner == "async",
+                       max_num_seqs=max(concurrencies), max_model_len=max_model_len,
+                       max_num_batched_tokens=max(2048, max_model_len), attention_backend=backend, compile=compiled)
+        name = f"{arm}/{runner}" + ("" if backend == "sdpa" else f"/{backend}") + ("/compiled" if compiled else "")
+        if progress is not None:
+            progress(name)
+        report["arms"][name] = measure_decode(make_llm, prompts, concurrencies, max_tokens, legs, progress)
     return report

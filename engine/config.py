@@ -177,6 +177,7 @@ class EngineConfig:
     async_runner: bool | None = None  # None: decided by the veto (engine/veto.py)
     graph: bool = False
     attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference) or "flex" (paged kernel)
+    compile: bool = False             # engine/fused.py: the layers fused and compiled by inductor
     trace: bool = False
     seed: int = 0
     oracle: OracleScript | None = None  # spec="oracle" only: what the bench's plain run emitted
@@ -219,6 +220,8 @@ class EngineConfig:
             raise SpecgateError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.device, str) or not self.device.startswith(("cpu", "cuda")):
             raise SpecgateError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not isinstance(self.compile, bool):
+            raise SpecgateError(f"compile must be True or False, got {self.compile!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.attention_backend == "flex" and self.device.startswith("cuda") and self.block_size % 16:

@@ -1,8 +1,9 @@
 """`specgate bench --count-kernels`: device kernels launched per decode step, in the eager arm.
 
 Launch count is what bounds the eager arm on a fast GPU (each launch costs the host ~10-20 µs),
-so it is counted, not timed: torch.profiler over a window of decode steps. On CUDA it counts
-the CUDA kernels (memory copies and sets apart); on the CPU there are no kernels, and it counts
+so it is counted: torch.profiler over a window of decode steps. On CUDA it counts the CUDA
+kernels (memory copies and sets apart) and sums their device time per kernel class (matmul,
+attention, inductor's fused kernels, index, ...), where a step's GPU time goes; on the CPU there are no kernels, and it counts
 the top-level aten ops instead, labelled as such (the ops the engine's Python dispatches, each
 of which becomes one or more kernels on a GPU).
 """
@@ -45,15 +46,37 @@ def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
     events = prof.events()
     out = {"arm": "eager", "steps": steps, "num_reqs": running, "k": llm.config.k}
     if cuda:
-        kinds = [device_kind(e) for e in events if e.device_type == DeviceType.CUDA]
+        device_events = [e for e in events if e.device_type == DeviceType.CUDA]
+        kinds = [device_kind(e) for e in device_events]
+        by_class: dict[str, float] = {}
+        for event, kind in zip(device_events, kinds):
+            if kind == "kernel":
+                name = kernel_class(event.name)
+                by_class[name] = by_class.get(name, 0.0) + event.time_range.elapsed_us() / steps
         out |= {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
-                "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2)}
+                "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2),
+                "kernel_us_per_step": {name: round(us, 1) for name, us in sorted(by_class.items(), key=lambda kv: -kv[1])}}
     else:
         top = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
         out |= {"counted": "CPU: top-level aten ops (no kernels on the CPU)",
                 "aten_ops_per_step": round(len(top) / steps, 2)}
     return out
+
+
+# Kernel classes by name, first match wins: where a step's GPU time goes.
+KERNEL_CLASSES = (("attention", ("flash", "fmha", "attention", "flex")),
+                  ("matmul", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk")),
+                  ("inductor fused", ("triton_",)),
+                  ("index/gather/scatter", ("index", "gather", "scatter")),
+                  ("reduction", ("reduce",)),
+                  ("elementwise", ("elementwise", "vectorized", "unrolled")),
+                  ("copy/cat", ("copy", "cat", "fill")))
+
+
+def kernel_class(name: str) -> str:
+    lowered = name.lower()
+    return next((cls for cls, marks in KERNEL_CLASSES if any(m in lowered for m in marks)), "other")
 
 
 def device_kind(event) -> str:

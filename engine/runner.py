@@ -17,6 +17,7 @@ import torch
 from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
+from engine.fused import FusedForward, compiled_kernels
 from engine.host_sync import DeclaredSyncs
 from engine.metrics import NoPhases
 from engine.model import LlamaForCausalLM
@@ -53,6 +54,8 @@ class DeviceState:
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer):
         self.model = model
+        # The forward the step runs: the reference modules, or the same arithmetic fused and compiled.
+        self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
         self.proposer = proposer
         self.device = cfg.device
         self.k = cfg.k
@@ -150,7 +153,7 @@ class ModelRunner:
         meta = build_attention_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
                                         self.block_size, max_query_len, max_context_len, flex,
                                         self.kv_caches[0].shape[1])
-        hidden, aux = self.model(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
+        hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
         # Gather logits only at logits_indices, derived from the real cu_num_logits.

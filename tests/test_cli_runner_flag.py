@@ -40,3 +40,22 @@ def test_generate_runs_on_the_chosen_runner(monkeypatch, capsys, flag, is_async)
     monkeypatch.setattr(engine, "LLM", spy)
     assert main(["generate", "--prompt", "def f(", "--spec", "ngram", "--max-tokens", "4", flag]) == 0
     assert made[0].is_async is is_async
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+@pytest.mark.parametrize("flags, expected", [([], False), (["--compile"], True)])
+def test_compile_flag_reaches_the_engine(monkeypatch, capsys, command, flags, expected):
+    """`--compile` selects the fused forward (EngineConfig.compile); without it the reference runs."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(model, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+    monkeypatch.setattr(engine, "LLM", fake_llm)
+    extra = ["--prompt", "def f("] if command == "generate" else ["--legs", "2"]
+    with pytest.raises(Stop):
+        main([command, *extra, *flags])
+    assert seen["compile"] is expected

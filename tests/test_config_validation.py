@@ -87,6 +87,14 @@ def test_other_devices_are_refused(device):
         engine(device=device)
 
 
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_compile_must_be_a_bool(value):
+    """A truthy non-bool would silently pick a forward; it is refused instead."""
+    with pytest.raises(SpecgateError, match=rf"^compile must be True or False, got {value!r}$"):
+        engine(compile=value)
+    assert engine(compile=True).compile is True
+
+
 # ---- ModelConfig ---------------------------------------------------------------------------
 
 BASE_MODEL = dict(vocab_size=260, hidden_size=8, intermediate_size=16, num_hidden_layers=1,

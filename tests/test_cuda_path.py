@@ -2,7 +2,8 @@
 reference attention, in float32 and bfloat16; the kernel inside a CUDA graph; and the fixture
 target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sync/async,
 attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
-arrival steps. Graphs are captured at start-up, for every (batch, context) bucket."""
+arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
+Graphs are captured at start-up, for every (batch, context) bucket."""
 import pytest
 import torch
 
@@ -63,8 +64,8 @@ def test_flex_kernel_replays_inside_a_cuda_graph():
 PROMPTS = ["def main(", "x = 1\nx = 1\nx = 1\nx =", "import os\nimport sys\nimport re\n", "class A:\n    def f(self):",
            "for i in range(10):\n    print(i)\n"]
 ARRIVALS = [0, 0, 2, 3, 6]
-ARMS = [dict(graph=g, async_runner=a, attention_backend=b)
-        for b in ("sdpa", "flex") for g in (False, True) for a in (False, True)]
+ARMS = [dict(graph=g, async_runner=a, attention_backend=b, compile=c)
+        for c in (False, True) for b in ("sdpa", "flex") for g in (False, True) for a in (False, True)]
 
 
 def run(device, **arm):
@@ -84,8 +85,9 @@ def cpu_tokens():
     return run("cpu")[1]
 
 
-@pytest.mark.parametrize("arm", ARMS, ids=lambda a: "{attention_backend}-{g}-{r}".format(
-    g="graph" if a["graph"] else "eager", r="async" if a["async_runner"] else "sync", **a))
+@pytest.mark.parametrize("arm", ARMS, ids=lambda a: "{attention_backend}-{g}-{r}{c}".format(
+    g="graph" if a["graph"] else "eager", r="async" if a["async_runner"] else "sync",
+    c="-compiled" if a["compile"] else "", **a))
 def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
     llm, tokens = run("cuda", **arm)
     assert tokens == cpu_tokens

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.kernel_count import count_kernels, device_kind
+from engine.kernel_count import count_kernels, device_kind, kernel_class
 from engine.workload import Workload
 
 
@@ -33,3 +33,17 @@ def test_refuses_the_graph_arm_and_a_workload_too_short(make_llm):
     (None, "Event Sync", "cuda_sync"), (None, "ampere_sgemm_128x64_tn", "kernel")])
 def test_device_events_are_told_apart(activity, name, kind):
     assert device_kind(SimpleNamespace(activity_type=activity, name=name)) == kind
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"), ("void gemv2T_kernel_val<int, int, float>", "matmul"),
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "matmul"), ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention"),
+    ("pytorch_flash::flash_fwd_kernel", "attention"), ("triton_tem_fused_flex_attention_0", "attention"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "inductor fused"),
+    ("void at::native::index_elementwise_kernel<128, 4>", "index/gather/scatter"),
+    ("void at::native::reduce_kernel<512, 1>", "reduction"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise"),
+    ("void at::native::CatArrayBatchedCopy<float>", "copy/cat"), ("void at::native::radixSortKVInPlace", "other")])
+def test_kernels_are_classed_by_name(name, cls):
+    """The per-class GPU time (`kernel_us_per_step`) says where a step goes: first matching class wins."""
+    assert kernel_class(name) == cls

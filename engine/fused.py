@@ -1,0 +1,153 @@
+"""The fused forward (EngineConfig.compile): model.py's arithmetic regrouped so inductor can fuse it.
+
+model.py is the reference: one module per operation, as Hugging Face writes Llama, and a few
+dozen small kernels per layer when run eagerly. Here each layer runs as three functions over
+plain tensors, compiled once by torch.compile and shared by every layer and every bucket
+(dynamic shapes):
+
+    attention_inputs: RMSNorm -> one QKV matmul -> rotary on q and k       (fused elementwise)
+    sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
+    mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
+
+The KV cache write stays outside the compiled code: a compiled in-place write into a graph input
+may be lowered to a copy of the whole cache. The rotary angles are computed once per step, not
+once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters
+as views of it, so a checkpoint still loads and the memory is not doubled.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.activations import ACTIVATIONS
+from engine.attention import AttentionMetadata, read_cache, sdpa_read, write_cache
+from engine.model import LlamaForCausalLM
+
+# Distinct specialisations a compiled function may hold (sizes 0 and 1 specialise, and each model
+# shape or dtype in one process is another); past dynamo's default of 8 it would fall back to eager.
+RECOMPILE_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class PackedLayer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor       # [q + 2 kv, hidden]: q_proj, k_proj and v_proj stacked
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor   # [2 intermediate, hidden]: gate_proj then up_proj
+    down: torch.Tensor
+
+
+def pack_layers(model: LlamaForCausalLM) -> list[PackedLayer]:
+    """One QKV and one gate/up weight per layer; the model's own parameters become views of them."""
+    packed = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = _stack(attn.q_proj, attn.k_proj, attn.v_proj)
+        gate_up = _stack(mlp.gate_proj, mlp.up_proj)
+        packed.append(PackedLayer(layer.input_layernorm.weight.data, qkv, attn.o_proj.weight.data,
+                                  layer.post_attention_layernorm.weight.data, gate_up, mlp.down_proj.weight.data))
+    return packed
+
+
+def _stack(*linears) -> torch.Tensor:
+    stacked = torch.cat([lin.weight.data for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(stacked[start:start + rows], requires_grad=False)
+        start += rows
+    return stacked
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """model.RMSNorm's arithmetic."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D] of model.RotaryEmbedding, once per step."""
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[..., None, :], emb.sin()[..., None, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int):
+    h = F.linear(rms_norm(x, norm, eps), qkv)
+    q, k, v = h.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in (q, k, v))
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def mlp_block(x, attn, o_proj, norm, eps: float, gate_up, down, act: str):
+    x = x + F.linear(attn.flatten(-2), o_proj)
+    gate, up = F.linear(rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(ACTIVATIONS[act](gate) * up, down)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    rotary_angles: Callable
+    attention_inputs: Callable
+    sdpa_read: Callable
+    mlp_block: Callable
+    final_norm: Callable
+
+
+def compiled_kernels() -> Kernels:
+    """Inductor's versions of the functions above, for any batch and query length."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+    def compiled(fn):
+        return torch.compile(fn, dynamic=True, fullgraph=True)
+
+    return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
+                   compiled(mlp_block), compiled(rms_norm))
+
+
+def eager_kernels() -> Kernels:
+    """The same functions uncompiled: what the CPU tests compare with the reference model."""
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm)
+
+
+class FusedForward:
+    """Called as LlamaForCausalLM.forward is; the model's weights, packed (its own parameters
+    become views of the packed ones)."""
+
+    def __init__(self, model: LlamaForCausalLM, kernels: Kernels):
+        cfg = model.config
+        self.model = model
+        self.layers = pack_layers(model)
+        self.kernels = kernels
+        self.shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head)
+        self.eps = cfg.rms_norm_eps
+        self.act = cfg.hidden_act
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                 meta: AttentionMetadata, aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        kern, eps = self.kernels, self.eps
+        x = self.model.model.embed_tokens(input_ids)
+        cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
+        aux = []
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+            q, k, v = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape)
+            write_cache(cache, k, v, meta.slot_mapping)
+            x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
+                               layer.gate_up, layer.down, self.act)
+            if i in aux_layers:
+                aux.append(x)
+        return kern.final_norm(x, self.model.model.norm.weight, eps), aux
+
+    def _read(self, q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.block_mask is not None:  # flex: a kernel compiled on its own (engine/attention.py)
+            return read_cache(q, cache, meta)
+        return self.kernels.sdpa_read(q, cache, meta.query_req, meta.query_offset, meta.context_slots,
+                                      meta.attn_mask, meta.max_query_len, self.shape[0] != self.shape[1])

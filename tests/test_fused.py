@@ -1,0 +1,83 @@
+"""The fused forward (EngineConfig.compile, engine/fused.py) against the reference modules of
+engine/model.py: the same greedy tokens and, per step and request, the same emit counts, for both
+drafters and both arms, on Hypothesis batch compositions (several requests, mixed lengths and
+arrivals). The Hypothesis cases run the fused functions uncompiled (fast, and what inductor
+compiles); one case runs inductor's CPU compile itself, with the block drafter reading the
+target's hidden states, the async runner and the graph arm. tests/test_cuda_path.py runs the
+compiled step on CUDA, inside the graphs."""
+import dataclasses
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine import SamplingParams
+from engine.fused import FusedForward, eager_kernels
+from engine.loader import load_model
+from gates.compare import first_difference, verify_steps
+from gates.workloads import workloads
+from strategies import examples
+
+
+def run(llm, batch):
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in batch.max_tokens]
+    outs = llm.generate(list(batch.prompts), params, arrival_steps=list(batch.arrival_steps))
+    final_len = {o.request_id: len(o.prompt_token_ids) + len(o.token_ids) for o in outs}
+    return [o.token_ids for o in outs], verify_steps(llm.trace, final_len)
+
+
+def assert_same_run(reference, fused):
+    (tokens_r, steps_r), (tokens_f, steps_f) = reference, fused
+    assert tokens_f == tokens_r
+    assert steps_f.keys() == steps_r.keys() and steps_r, "no verify step ran"
+    diff = first_difference(steps_r, steps_f, "emit_count")
+    assert diff is None, str(diff)
+
+
+def fused_uncompiled(llm):
+    llm.runner.forward = FusedForward(llm.runner.model, eager_kernels())
+    return llm
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", ["ngram", "block"])
+@given(batch=workloads(min_reqs=2), k=st.integers(1, 5))
+@examples(4)
+def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafter, graph, batch, k):
+    batch = dataclasses.replace(batch, max_tokens=tuple(max(m, 8) for m in batch.max_tokens))  # room for verify steps
+    kwargs = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=4, trace=True)
+    reference = run(make_llm(**kwargs), batch)
+    assert_same_run(reference, run(fused_uncompiled(make_llm(**kwargs)), batch))
+    assert batch.num_reqs > 1 and k >= 1
+
+
+def test_packing_keeps_the_checkpoint(target_dir):
+    """The Hugging Face parameters become views of the packed weights: same names, same values,
+    no second copy of the weights."""
+    model = load_model(target_dir)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    fused = FusedForward(model, eager_kernels())
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[name], before[name]) for name in before)
+    attn, mlp, packed = model.model.layers[0].self_attn, model.model.layers[0].mlp, fused.layers[0]
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == packed.qkv.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == packed.gate_up.untyped_storage().data_ptr()
+
+
+@pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
+                    reason="inductor's compile costs each mutant ~12 s; the Hypothesis cases above run the same functions")
+@pytest.mark.xdist_group("inductor")
+def test_inductor_compiled_step_gives_the_reference_run(make_llm):
+    """compile=True as a user sets it: inductor's CPU kernels, block drafter (aux hidden states),
+    async runner, graph arm, a mixed batch with late arrivals."""
+    from gates.workloads import MIXED_REFUSALS
+    batch = MIXED_REFUSALS
+    kwargs = dict(spec="block", num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
+    compiled = make_llm(compile=True, **kwargs)
+    assert isinstance(compiled.runner.forward, FusedForward)
+    assert_same_run(run(make_llm(**kwargs), batch), run(compiled, batch))
+    assert max(step.num_reqs for step in compiled.trace) > 1
+    assert any(step.route == "async/graph" for step in compiled.trace)

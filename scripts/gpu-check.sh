@@ -8,7 +8,8 @@
 #
 # Two more stages, on the seeded random-weight 1B benchmark model (`specgate bench-model`, written
 # to $BENCH1B_DIR, default /tmp, about 10 s): `bench1b` (load time and peak host memory, ms per
-# plain decode step of the sync and async graph arm at c=1 and c=8 against the HBM floor, the
+# plain decode step of the sync and async graph arm at c=1 and c=8 against the HBM floor (the
+# reference forward and the fused one compiled by inductor), the
 # transformers peer, and spec with the oracle drafter against plain when the tree has it; about
 # 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
@@ -28,8 +29,9 @@ BENCH1B_SHAPE=${BENCH1B_SHAPE:-llama-1b}
 BENCH1B_DIR=${BENCH1B_DIR:-/tmp/specgate-bench/$BENCH1B_SHAPE-seed0}
 # The spec legs' workload (specgate bench): 8 held-out prompts x 128 tokens, 3 legs (1 warm-up).
 BENCH1B_LEG_ARGS=${BENCH1B_LEG_ARGS:---num-prompts 8 --max-tokens 128 --legs 3}
-# The decode timer's: 64-token prompts, 128 tokens, 3 timed legs after a warm-up (bench-model decode).
-BENCH1B_DECODE_ARGS=${BENCH1B_DECODE_ARGS:---prompt-len 64 --max-tokens 128 --legs 3}
+# The decode timer's: 64-token prompts, 128 tokens, 3 timed legs after a warm-up, the reference and
+# the fused forward (bench-model decode).
+BENCH1B_DECODE_ARGS=${BENCH1B_DECODE_ARGS:---prompt-len 64 --max-tokens 128 --legs 3 --compile off,on}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 stages=${*:-env gates verdict prove bench}

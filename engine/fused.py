@@ -9,8 +9,11 @@ plain tensors, compiled once by torch.compile and shared by every layer and ever
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
     mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
 
-The KV cache write stays outside the compiled code: a compiled in-place write into a graph input
-may be lowered to a copy of the whole cache. The rotary angles are computed once per step, not
+With compile=True the runner also compiles two pure pieces of the step around the forward, the
+sdpa attention metadata and verify (whose keyed sampler is ~150 integer ops a step, greedy rows
+included); `compiled` below serves both. The KV cache write stays outside the compiled code:
+inductor lowers an indexed write into a graph input to a copy of the whole cache (10 s a call on
+the CPU for a 2M-slot cache, measured). The rotary angles are computed once per step, not
 once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters
 as views of it, so a checkpoint still loads and the memory is not doubled.
 """
@@ -102,13 +105,14 @@ class Kernels:
     final_norm: Callable
 
 
-def compiled_kernels() -> Kernels:
-    """Inductor's versions of the functions above, for any batch and query length."""
+def compiled(fn: Callable) -> Callable:
+    """fn compiled by inductor for any batch and query length (dynamic shapes, one graph)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=True, fullgraph=True)
 
-    def compiled(fn):
-        return torch.compile(fn, dynamic=True, fullgraph=True)
 
+def compiled_kernels() -> Kernels:
+    """Inductor's versions of the functions above."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
                    compiled(mlp_block), compiled(rms_norm))
 

@@ -17,7 +17,7 @@ import torch
 from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
-from engine.fused import FusedForward, compiled_kernels
+from engine.fused import FusedForward, compiled, compiled_kernels
 from engine.host_sync import DeclaredSyncs
 from engine.metrics import NoPhases
 from engine.model import LlamaForCausalLM
@@ -54,8 +54,12 @@ class DeviceState:
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer):
         self.model = model
-        # The forward the step runs: the reference modules, or the same arithmetic fused and compiled.
+        # The forward the step runs: the reference modules, or the same arithmetic fused and compiled;
+        # with it, the step's other pure pieces compiled too (the sampler's hashing alone is ~150 ops).
         self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
+        self.verify = compiled(verify) if cfg.compile else verify
+        self.build_metadata = (compiled(build_attention_metadata) if cfg.compile and cfg.attention_backend == "sdpa"
+                               else build_attention_metadata)
         self.proposer = proposer
         self.device = cfg.device
         self.k = cfg.k
@@ -150,7 +154,7 @@ class ModelRunner:
         seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp["host_seq_lens"])
 
         flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
-        meta = build_attention_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
+        meta = self.build_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
                                         self.block_size, max_query_len, max_context_len, flex,
                                         self.kv_caches[0].shape[1])
         hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
@@ -173,7 +177,7 @@ class ModelRunner:
         drafts = state.draft_token_ids[slots]
         draft_probs = state.draft_probs[slots] if state.draft_probs is not None else None
         first_position = positions[logits_indices[cu_num_logits[:-1]]] + 1
-        sampled, num_accepted = verify(logits, drafts, num_draft, draft_probs, sampling, first_position)
+        sampled, num_accepted = self.verify(logits, drafts, num_draft, draft_probs, sampling, first_position)
 
         # Commit: the accepted drafts and the correction/bonus token join the request.
         out_pos = (first_position[:, None] + torch.arange(width, device=dev)).clamp(

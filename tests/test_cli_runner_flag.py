@@ -6,8 +6,8 @@ import engine
 from specgate_cli import main
 
 
-@pytest.mark.parametrize("flags, expected", [([], None), (["--async-runner"], True), (["--sync-runner"], False)])
-def test_generate_passes_the_runner_choice_to_the_engine(monkeypatch, capsys, flags, expected):
+def engine_kwargs(monkeypatch, argv: list[str]) -> dict:
+    """The keyword arguments `specgate ARGV` builds its LLM with (the engine is never built)."""
     seen = {}
 
     class Stop(Exception):
@@ -18,8 +18,13 @@ def test_generate_passes_the_runner_choice_to_the_engine(monkeypatch, capsys, fl
         raise Stop
     monkeypatch.setattr(engine, "LLM", fake_llm)
     with pytest.raises(Stop):
-        main(["generate", "--prompt", "def f(", "--spec", "ngram", *flags])
-    assert seen["async_runner"] is expected
+        main(argv)
+    return seen
+
+
+@pytest.mark.parametrize("flags, expected", [([], None), (["--async-runner"], True), (["--sync-runner"], False)])
+def test_generate_passes_the_runner_choice_to_the_engine(monkeypatch, capsys, flags, expected):
+    assert engine_kwargs(monkeypatch, ["generate", "--prompt", "def f(", "--spec", "ngram", *flags])["async_runner"] is expected
 
 
 def test_the_two_runner_flags_exclude_each_other(capsys):
@@ -46,16 +51,5 @@ def test_generate_runs_on_the_chosen_runner(monkeypatch, capsys, flag, is_async)
 @pytest.mark.parametrize("flags, expected", [([], False), (["--compile"], True)])
 def test_compile_flag_reaches_the_engine(monkeypatch, capsys, command, flags, expected):
     """`--compile` selects the fused forward (EngineConfig.compile); without it the reference runs."""
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_llm(model, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-    monkeypatch.setattr(engine, "LLM", fake_llm)
     extra = ["--prompt", "def f("] if command == "generate" else ["--legs", "2"]
-    with pytest.raises(Stop):
-        main([command, *extra, *flags])
-    assert seen["compile"] is expected
+    assert engine_kwargs(monkeypatch, [command, *extra, *flags])["compile"] is expected

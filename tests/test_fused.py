@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.fused import FusedForward, eager_kernels
 from engine.loader import load_model
+from engine.verify import verify
 from gates.compare import first_difference, verify_steps
 from gates.workloads import workloads
 from strategies import examples
 
 
-def run(llm, batch):
-    params = [SamplingParams(temperature=0, max_tokens=m) for m in batch.max_tokens]
+def run(llm, batch, temperature=0.0):
+    """Greedy, or seeded sampling under top-k and top-p (request i's seed is i)."""
+    params = [SamplingParams(temperature=temperature, top_k=20, top_p=0.9, seed=i, max_tokens=m)
+              if temperature else SamplingParams(temperature=0, max_tokens=m) for i, m in enumerate(batch.max_tokens)]
     outs = llm.generate(list(batch.prompts), params, arrival_steps=list(batch.arrival_steps))
     final_len = {o.request_id: len(o.prompt_token_ids) + len(o.token_ids) for o in outs}
     return [o.token_ids for o in outs], verify_steps(llm.trace, final_len)
@@ -70,14 +73,16 @@ def test_packing_keeps_the_checkpoint(target_dir):
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
                     reason="inductor's compile costs each mutant ~12 s; the Hypothesis cases above run the same functions")
 @pytest.mark.xdist_group("inductor")
-def test_inductor_compiled_step_gives_the_reference_run(make_llm):
-    """compile=True as a user sets it: inductor's CPU kernels, block drafter (aux hidden states),
-    async runner, graph arm, a mixed batch with late arrivals."""
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded-sampling"])
+def test_inductor_compiled_step_gives_the_reference_run(make_llm, temperature):
+    """compile=True as a user sets it: inductor's CPU kernels for the layers, the attention
+    metadata and verify (the sampler); block drafter (aux hidden states), async runner, graph
+    arm, a mixed batch with late arrivals; greedy, and seeded sampling with top-k and top-p."""
     from gates.workloads import MIXED_REFUSALS
     batch = MIXED_REFUSALS
     kwargs = dict(spec="block", num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
     compiled = make_llm(compile=True, **kwargs)
-    assert isinstance(compiled.runner.forward, FusedForward)
-    assert_same_run(run(make_llm(**kwargs), batch), run(compiled, batch))
+    assert isinstance(compiled.runner.forward, FusedForward) and compiled.runner.verify is not verify
+    assert_same_run(run(make_llm(**kwargs), batch, temperature), run(compiled, batch, temperature))
     assert max(step.num_reqs for step in compiled.trace) > 1
     assert any(step.route == "async/graph" for step in compiled.trace)

@@ -3,9 +3,9 @@
 Launch count is what bounds the eager arm on a fast GPU (each launch costs the host ~10-20 µs),
 so it is counted: torch.profiler over a window of decode steps. On CUDA it counts the CUDA
 kernels (memory copies and sets apart) and sums their device time per kernel class (matmul,
-attention, inductor's fused kernels, index, ...), where a step's GPU time goes; on the CPU there are no kernels, and it counts
-the top-level aten ops instead, labelled as such (the ops the engine's Python dispatches, each
-of which becomes one or more kernels on a GPU).
+attention, inductor's fused kernels, index, ...): where a step's GPU time goes. On the CPU there
+are no kernels, and it counts the top-level aten ops instead, labelled as such (the ops the
+engine's Python dispatches, each of which becomes one or more kernels on a GPU).
 """
 import torch
 from torch.autograd import DeviceType

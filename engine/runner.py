@@ -155,8 +155,8 @@ class ModelRunner:
 
         flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
         meta = self.build_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
-                                        self.block_size, max_query_len, max_context_len, flex,
-                                        self.kv_caches[0].shape[1])
+                                   self.block_size, max_query_len, max_context_len, flex,
+                                   self.kv_caches[0].shape[1])
         hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 

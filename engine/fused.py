@@ -1,7 +1,7 @@
 """The fused forward (EngineConfig.compile): model.py's arithmetic regrouped so inductor can fuse it.
 
 model.py is the reference: one module per operation, as Hugging Face writes Llama, and a few
-dozen small kernels per layer when run eagerly. Here each layer runs as three functions over
+dozen small kernels per layer when run eagerly; its norm and rotary functions serve both. Here each layer runs as three functions over
 plain tensors, compiled once by torch.compile and shared by every layer and every bucket
 (dynamic shapes):
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.activations import ACTIVATIONS
 from engine.attention import AttentionMetadata, read_cache, sdpa_read, write_cache
-from engine.model import LlamaForCausalLM
+from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
 
 # Distinct specialisations a compiled function may hold (sizes 0 and 1 specialise, and each model
 # shape or dtype in one process is another); past dynamo's default of 8 it would fall back to eager.
@@ -62,25 +62,6 @@ def _stack(*linears) -> torch.Tensor:
         lin.weight = torch.nn.Parameter(stacked[start:start + rows], requires_grad=False)
         start += rows
     return stacked
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """model.RMSNorm's arithmetic."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, 1, D] of model.RotaryEmbedding, once per step."""
-    freqs = positions[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos()[..., None, :], emb.sin()[..., None, :]
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int):

@@ -49,11 +49,15 @@ def fused_uncompiled(llm):
 @given(batch=workloads(min_reqs=2), k=st.integers(1, 5))
 @examples(4)
 def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafter, graph, batch, k):
-    batch = dataclasses.replace(batch, max_tokens=tuple(max(m, 8) for m in batch.max_tokens))  # room for verify steps
+    # Room for verify steps, and arrivals by step 1 so the requests share steps (mixed prefill and verify).
+    batch = dataclasses.replace(batch, max_tokens=tuple(max(m, 8) for m in batch.max_tokens),
+                                arrival_steps=tuple(min(a, 1) for a in batch.arrival_steps))
     kwargs = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=4, trace=True)
     reference = run(make_llm(**kwargs), batch)
-    assert_same_run(reference, run(fused_uncompiled(make_llm(**kwargs)), batch))
-    assert batch.num_reqs > 1 and k >= 1
+    fused = fused_uncompiled(make_llm(**kwargs))
+    assert_same_run(reference, run(fused, batch))
+    assert max(step.num_reqs for step in fused.trace) > 1, "no step held several requests"
+    assert graph == any(step.route.endswith("/graph") for step in fused.trace), "the arm asked for did not run"
 
 
 def test_packing_keeps_the_checkpoint(target_dir):

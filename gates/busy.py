@@ -1,10 +1,20 @@
 """Gate busy (G4): the fraction of decode wall time the GPU is busy, in the eager and the graph
 arm, on the async and the sync runner (CUDA only), reported as a level.
 
-The decode window is a torch.profiler range around the steps after every request's prefill;
-busy time is the union of the device's kernel, copy and set intervals inside it (profiler
-clock, so host and device times are comparable; the range's own GPU-side annotation, which
-spans the whole window, is not activity). Runners are interleaved over a warm-up leg (dropped)
+The decode window is a torch.profiler range around the steps after every request's prefill,
+from the device's first work in it to its last (the first step's planning, on a device the
+measurement drained, and the last step's read-back are edges no runner can overlap);
+busy time is the union, inside it, of the device's work per host submission: a kernel launch, a
+copy, or a CUDA graph replay from its first kernel's start to its last kernel's end (the
+activities sharing the launch's correlation id). Profiler clock, so host and device times are
+comparable; the range's own GPU-side annotation, which spans the whole window, is not activity.
+Per submission, not per kernel, because the gate asks whether the host keeps the device fed: a
+1B-shape replay is ~500 kernels, and the device's own dispatch gaps between them (~0.7 µs each
+on the H200, 17% of a 2 ms step) are idle that no host can fill. Measured there (2026-11-30, the
+fused forward, 8 requests, ngram k=4): over the profiler range the async graph arm's kernel union
+is 0.815, its per-submission union 0.969, with 14-26 µs between replays; the range's edges were
+1.04 ms before the first kernel and 0.14 ms after the last, of 65 ms. The kernel union stays in
+the evidence (kernel_busy) beside the level. Runners are interleaved over a warm-up leg (dropped)
 and LEGS measured legs, and compared leg by leg (gates/measure.py, PairedMedianAB): a percentile
 bootstrap (2,000 resamples, seeded) of the median per-leg difference async - sync, whose 95%
 interval must clear one point of busy time (BUSY_MIN_EFFECT) to count as ahead or behind; a leg
@@ -18,11 +28,14 @@ blocks on each step's results, e.g. a blocking result download, shows no gain an
 the eager arm the fixture model is launch-bound, both runners keep the device equally (un)busy,
 and the async runner must only not be less busy beyond the floor.
 """
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 from engine import SamplingParams
-from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median
+from gates.measure import (BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median,
+                           submission_intervals)
 from gates.plugin import DEFAULT_MODELS, option
 from gates.workloads import PROMPTS
 
@@ -30,7 +43,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs CUDA: torch.cuda.is_available() is False on this machine")
 
 CLAIMS = ("eager arm", "graph arm", "sync runner", "async runner", "device activity measured",
-          "level checked")
+          "submissions grouped", "level checked")
 WARMUP_LEGS, LEGS, NUM_REQS, MAX_TOKENS = 1, 8, 8, 32
 DECODE_RANGE = "specgate.decode"
 
@@ -67,14 +80,32 @@ def busy_threshold(config, llm) -> tuple[float, str]:
                              config.stash.get(DEFAULT_MODELS, {}).get("target"))
 
 
-def measure_decode(llm, params) -> float:
-    """Prefill every request, then profile the decode steps; the busy fraction of that window."""
+@dataclass(frozen=True)
+class DecodeBusy:
+    busy: float          # per host submission (the gate's level)
+    kernel_busy: float   # per kernel: the device's own dispatch gaps counted as idle
+    submissions: int     # host submissions with device work in the window
+    activities: int      # device kernels, copies and sets in the window
+    replays: int         # CUDA graph replays in the window
+
+    def grouped(self, graph: bool) -> bool:
+        """Whether the kernels were grouped by their launch as the level assumes: in the graph arm
+        each replay is one submission of many kernels. A profiler without correlation ids leaves
+        as many submissions as activities, and then busy is not what it says."""
+        if not graph:
+            return self.submissions <= self.activities
+        return 0 < self.replays <= self.submissions < self.activities
+
+
+def measure_decode(llm, params) -> DecodeBusy:
+    """Prefill every request, then profile the decode steps; the busy fractions of that window."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
     reqs = [llm.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(NUM_REQS)]
     while not all(r.output_token_ids for r in reqs):
         llm.step()
     torch.cuda.synchronize()
+    replays_before = llm.runner.num_graph_replays
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with record_function(DECODE_RANGE):
             while llm.has_unfinished():
@@ -83,10 +114,17 @@ def measure_decode(llm, params) -> float:
     events = prof.profiler.kineto_results.events()  # raw events: no tree to build
     window = next(e for e in events if e.name() == DECODE_RANGE and e.device_type() == DeviceType.CPU)
     # Kernels, copies and sets; not the range's own GPU-side annotation, which spans the window.
-    device = [(e.start_ns(), e.end_ns()) for e in events
+    device = [(e.start_ns(), e.end_ns(), e.correlation_id()) for e in events
               if e.device_type() == DeviceType.CUDA and not e.is_user_annotation() and e.name() != DECODE_RANGE]
-    assert device, "the profiler saw no device activity during decode"
-    return busy_fraction(device, (window.start_ns(), window.end_ns()))
+    # From the device's first decode work to its last: before it the host plans the window's first
+    # step on a device the measurement itself drained, after it the host reads the last results;
+    # no runner overlaps either, and in a 32-step window they weigh 2 to 3%.
+    inside = [a for a in device if a[1] > window.start_ns() and a[0] < window.end_ns()]
+    assert inside, "the profiler saw no device activity during decode"
+    span = (min(a[0] for a in inside), max(a[1] for a in inside))
+    submitted = submission_intervals(inside)
+    return DecodeBusy(busy_fraction(submitted, span), busy_fraction([a[:2] for a in inside], span),
+                      len(submitted), len(inside), llm.runner.num_graph_replays - replays_before)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -99,22 +137,29 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
     threshold, why = busy_threshold(request.config, engines["async"])
     for llm in engines.values():  # warm-up: allocations, kernels, graph capture
         llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(NUM_REQS)], params)
-    busy = {"sync": [], "async": []}
+    busy, kernel_busy, grouped = {"sync": [], "async": []}, {"sync": [], "async": []}, []
     for i in range(WARMUP_LEGS + LEGS):
         for runner in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
-            value = measure_decode(engines[runner], params)
+            measured = measure_decode(engines[runner], params)
             warm = i >= WARMUP_LEGS
             if warm:
-                busy[runner].append(value)
-            gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=value)
+                busy[runner].append(measured.busy)
+                kernel_busy[runner].append(measured.kernel_busy)
+            gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=measured.busy,
+                             kernel_busy=measured.kernel_busy, submissions=measured.submissions,
+                             replays=measured.replays)
+            grouped.append(measured.grouped(graph))
             gate_record.occurred(f"{runner} runner")
     gate_record.occurred(f"{arm} arm", not graph or engines["async"].runner.num_graph_replays > 0)
     gate_record.occurred("device activity measured", all(v > 0 for vs in busy.values() for v in vs))
+    gate_record.occurred("submissions grouped", all(grouped))
     assert all(len(v) == LEGS for v in busy.values()), f"a runner is missing measured legs: {busy}"
     result = PairedMedianAB("gpu_busy_fraction", busy["sync"], busy["async"], min_effect=BUSY_MIN_EFFECT)
     figures = result.as_dict()
     level = {"arm": arm, "async_level": round(median(busy["async"]), 4),
              "sync_level": round(median(busy["sync"]), 4),
+             "kernel_busy_async": round(median(kernel_busy["async"]), 4),
+             "kernel_busy_sync": round(median(kernel_busy["sync"]), 4),
              "threshold": threshold if graph else None, "threshold_source": why if graph else None}
     gate_record.measure(**level, **figures)
     gate_record.occurred("level checked", not graph or level["threshold"] is not None)

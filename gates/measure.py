@@ -91,8 +91,27 @@ class ABResult:
         return out
 
 
+def submission_intervals(activities: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """One interval per host submission: activities are (start, end, correlation id) of the
+    device's kernels, copies and sets; those of one host call (a CUDA graph replay launches
+    hundreds of kernels under one correlation id) become [first start, last end]. Inside a replay
+    the device dispatches the next kernel by itself, about 0.7 µs apart on the H200; those gaps
+    are the device's, and no host could fill them. An activity without an id (0) stands alone."""
+    spans: dict[int, tuple[float, float]] = {}
+    alone = []
+    for start, end, correlation in activities:
+        if not correlation:
+            alone.append((start, end))
+        elif correlation in spans:
+            first, last = spans[correlation]
+            spans[correlation] = (min(first, start), max(last, end))
+        else:
+            spans[correlation] = (start, end)
+    return [*spans.values(), *alone]
+
+
 def busy_fraction(intervals: list[tuple[float, float]], window: tuple[float, float]) -> float:
-    """Fraction of `window` covered by the union of `intervals` (device kernels), clipped to it."""
+    """Fraction of `window` covered by the union of `intervals` (device work), clipped to it."""
     start, end = window
     clipped = sorted((max(s, start), min(e, end)) for s, e in intervals if e > start and s < end)
     covered, cursor = 0.0, start

@@ -120,3 +120,17 @@ def test_the_spread_is_the_range_over_the_mean_and_zero_for_all_zero_legs():
     assert spread([2.0, 4.0]) == pytest.approx(2 / 3)
     assert spread([5.0]) == 0.0
     assert spread([0.0, 0.0]) == 0.0
+
+
+@pytest.mark.parametrize("graph, submissions, activities, replays, grouped", [
+    (True, 40, 16_000, 31, True),      # 31 replays of ~500 kernels, plus the uploads
+    (True, 16_000, 16_000, 31, False),  # no correlation ids: every kernel alone
+    (True, 20, 16_000, 31, False),      # fewer submissions than replays: ids merged across replays
+    (True, 40, 16_000, 0, False),       # the graph arm that never replayed
+    (False, 12_000, 12_000, 0, True),   # eager: every launch is its own submission
+])
+def test_busy_trusts_the_grouping_only_when_replays_became_submissions(graph, submissions, activities, replays,
+                                                                       grouped):
+    from gates.busy import DecodeBusy
+    measured = DecodeBusy(0.9, 0.8, submissions, activities, replays)
+    assert measured.grouped(graph) is grouped

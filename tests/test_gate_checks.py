@@ -8,7 +8,7 @@ import pytest
 from gates.compare import runs_difference, token_difference
 from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
                               ngram_draft_difference, trace_consistency)
-from gates.measure import UNDER_THE_FLOOR, ABResult, busy_fraction
+from gates.measure import UNDER_THE_FLOOR, ABResult, busy_fraction, submission_intervals
 from gates.workloads import MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, params, run_pair
 
 
@@ -149,6 +149,16 @@ def test_speed_ab_allows_the_eager_arm_its_host_cost_but_never_the_graph_arm():
     # Async ahead is never a regression, in either arm.
     ahead = ABResult("tpot_ms", 1, False, [0.52, 0.53, 0.51], [0.34, 0.35, 0.34])
     assert not is_regression(ahead, graph=True) and not is_regression(ahead, graph=False)
+
+
+def test_busy_counts_a_graph_replay_as_one_submission_from_its_first_kernel_to_its_last():
+    # Two replays of three kernels each (correlation ids 7 and 9), with the device's dispatch gaps
+    # inside them, a copy between them (id 8), and an activity without an id, which stands alone.
+    activities = [(0, 1, 7), (2, 3, 7), (4, 5, 7), (5, 6, 8), (10, 11, 9), (12, 13, 9), (14, 16, 9), (18, 19, 0)]
+    spans = sorted(submission_intervals(activities))
+    assert spans == [(0, 5), (5, 6), (10, 16), (18, 19)]
+    assert busy_fraction(spans, (0, 20)) == pytest.approx(0.65)      # gaps between submissions only
+    assert busy_fraction([a[:2] for a in activities], (0, 20)) == pytest.approx(0.45)  # per kernel
 
 
 def test_busy_fraction_is_the_union_of_device_intervals_in_the_window():

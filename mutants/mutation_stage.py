@@ -34,8 +34,10 @@ def is_mutated(path: str) -> bool:
 STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
 UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
                   "test_mutation_shards.py", "test_architecture.py", "test_speed.py", "test_cli_runner_flag.py",
-                  # the HTML reports in a browser and the README: no engine code, and not staged
-                  "test_report_render.py", "test_docs.py", "test_prove_output.py")
+                  # the HTML reports in a browser, the README and the GPU shell script: no engine code, and
+                  # not staged
+                  "test_report_render.py", "test_docs.py", "test_prove_output.py", "test_prove_phases.py",
+                  "test_gpu_check_script.py")
 PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
 # exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`

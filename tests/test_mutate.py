@@ -101,6 +101,11 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     assert not any((staging / "tests" / t).exists() for t in mutation_stage.UNSTAGED_TESTS)
     assert cached.exists(), "mutmut's cache was removed"
     assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
+    # A staged test that imports our mutants/ package (or a test of it) at collection would stop
+    # every mutation run at mutmut's clean-test step: in its working copy that name is mutmut's.
+    for test in (staging / "tests").glob("test_*.py"):
+        top_level = [line for line in test.read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert not any(line.split()[1].split(".")[0] in ("mutants", "test_prove") for line in top_level), test.name
     assert not (staging / "mutants" / "catalogue.py").exists()
     config = tomllib.loads((staging / "pyproject.toml").read_text())["tool"]["mutmut"]
     assert config["source_paths"] == ["engine", "gates"] and "mutants" not in config["also_copy"]

@@ -17,7 +17,8 @@
 # check the stages' plumbing.
 #
 # The GPU machine has torch, transformers, safetensors, scipy, pytest and hypothesis but no
-# internet: a package it lacks travels as wheels in .whl/ (README, "On the GPU").
+# internet: a package it lacks travels as wheels in .whl/ (README, "On the GPU"). It brings back
+# at most 8 files: PACK=1 packs every report into $OUT/gpu-check.tar.gz at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-reports/gpu}
@@ -138,4 +139,9 @@ printf '%s\n' "${summary[@]}"
 if [ -f "$OUT/bench1b-summary.log" ] && [[ " $stages " == *" bench1b "* ]]; then
     echo
     grep -v '^wrote ' "$OUT/bench1b-summary.log"
+fi
+# The lent machine brings back at most 8 files from $OUT: PACK=1 leaves one archive of them all.
+if [ "${PACK:-0}" = 1 ]; then
+    tar -czf "$OUT/../gpu-check.tar.gz" -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+        && mv "$OUT/../gpu-check.tar.gz" "$OUT/gpu-check.tar.gz" && echo "packed: $OUT/gpu-check.tar.gz"
 fi

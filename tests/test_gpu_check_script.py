@@ -22,6 +22,19 @@ def test_the_script_is_well_formed_shell():
         assert proc.returncode == 0, proc.stdout
 
 
+def test_pack_leaves_one_archive_of_every_report(tmp_path):
+    """The lent machine brings back at most 8 files; the bench1b stage alone writes about 15."""
+    import tarfile
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), PACK="1")
+    proc = subprocess.run(["bash", str(SCRIPT), "verdict"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert [p.name for p in out.iterdir()] == ["gpu-check.tar.gz"], proc.stdout + proc.stderr
+    with tarfile.open(out / "gpu-check.tar.gz") as archive:
+        assert "./verdict.log" in archive.getnames()
+    assert f"packed: {out}/gpu-check.tar.gz" in proc.stdout
+
+
 @pytest.mark.slow
 def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"

@@ -9,9 +9,10 @@ plain tensors, compiled once by torch.compile and shared by every layer and ever
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
     mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
 
-With compile=True the runner also compiles two pure pieces of the step around the forward, the
-sdpa attention metadata and verify (whose keyed sampler is ~150 integer ops a step, greedy rows
-included); `compiled` below serves both. The KV cache write stays outside the compiled code:
+With compile=True the runner also compiles the pure pieces of the step around the forward: the
+sdpa attention metadata, the logits gather, verify (whose keyed sampler is ~150 integer ops a
+step, greedy rows included) and the n-gram proposer; `compiled` below serves them all. The
+combine and the commit, which write the runner's state, stay eager. The KV cache write stays outside the compiled code:
 inductor lowers an indexed write into a graph input to a copy of the whole cache (10 s a call on
 the CPU for a 2M-slot cache, measured). The rotary angles are computed once per step, not
 once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters

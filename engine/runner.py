@@ -10,6 +10,7 @@ from the host; the runner policy (engine/policy.py) decides that when the step i
 Drafts never leave the device.
 """
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +59,9 @@ class ModelRunner:
         # with it, the step's other pure pieces compiled too (the sampler's hashing alone is ~150 ops).
         self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
         self.verify = compiled(verify) if cfg.compile else verify
+        self.gather_logits = compiled(gather_logits) if cfg.compile else gather_logits
+        self.propose = (compiled(proposer.propose) if cfg.compile and getattr(proposer, "pure_propose", False)
+                        else proposer.propose)
         self.build_metadata = (compiled(build_attention_metadata) if cfg.compile and cfg.attention_backend == "sdpa"
                                else build_attention_metadata)
         self.proposer = proposer
@@ -69,7 +73,6 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(2, cfg.num_kv_slots, mc.num_key_value_heads, mc.dim_per_head,
                                       dtype=cfg.torch_dtype, device=cfg.device)
                           for _ in range(mc.num_hidden_layers)]
-        self.vocab_size = mc.vocab_size
         self.state = DeviceState(cfg.max_num_seqs + 1, cfg.blocks_per_seq * cfg.block_size + self.k + 1,
                                  self.k, mc.vocab_size, getattr(proposer, "has_q", False), cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
@@ -160,13 +163,9 @@ class ModelRunner:
         hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
-        # Gather logits only at logits_indices, derived from the real cu_num_logits.
-        cu_num_logits = torch.nn.functional.pad(inp["num_logits"].cumsum(0), (1, 0))
-        logits_indices, logit_row, logit_offset = build_logits_indices(query_start_loc, cu_num_logits,
-                                                                       total_logits)
         width = k + 1
-        logits = torch.zeros(num_reqs, width, self.vocab_size, device=dev)
-        logits[logit_row, logit_offset] = self.model.compute_logits(hidden[logits_indices])
+        logits, logits_indices, cu_num_logits = self.gather_logits(hidden, query_start_loc, inp["num_logits"],
+                                                                   total_logits, width, self.model.compute_logits)
         for r, req in processors:  # host callables, only for requests that asked (eager arm)
             for proc in guarded_processors(req):  # one that raises fails its request alone
                 logits[r, 0] = proc(list(req.output_token_ids), logits[r, 0])
@@ -189,7 +188,7 @@ class ModelRunner:
 
         if k:
             self.proposer.observe(aux, meta, positions, token_slot)
-            new_drafts, new_num_draft, q = self.proposer.propose(ProposeInput(
+            new_drafts, new_num_draft, q = self.propose(ProposeInput(
                 state.token_ids[slots], state.num_committed[slots], sampling, slots, inp["block_tables"]))
             state.draft_token_ids[slots] = new_drafts
             state.num_draft[slots] = torch.where(spec_width > 0, new_num_draft, 0)
@@ -263,6 +262,19 @@ def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:
     length, tokens, logits). A graph bucket fixes all four."""
     query_lens = [row.query_len for row in plan.rows]
     return max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows)
+
+
+def gather_logits(hidden: torch.Tensor, query_start_loc: torch.Tensor, num_logits: torch.Tensor, total_logits: int,
+                  width: int, compute_logits: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits only at logits_indices, derived from the real cu_num_logits: [R, width, V], row r's
+    window first and zeros after it. Returns (logits, logits_indices, cu_num_logits)."""
+    cu_num_logits = torch.nn.functional.pad(num_logits.cumsum(0), (1, 0))
+    logits_indices, row, offset = build_logits_indices(query_start_loc, cu_num_logits, total_logits)
+    window = compute_logits(hidden[logits_indices])
+    logits = window.new_zeros(num_logits.numel(), width, window.shape[-1])
+    logits[row, offset] = window
+    return logits, logits_indices, cu_num_logits
 
 
 def build_logits_indices(query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,

@@ -28,14 +28,14 @@ MIN_EXPECTED = 5        # chi-square cells expected fewer times than this are po
 
 
 class DraftRecorder:
-    """Wraps llm.runner.proposer.propose; `calls` holds a copy of every proposal, on the engine's
+    """Wraps the runner's propose (the proposer's, or compile=True's compiled one); `calls` holds a copy of every proposal, on the engine's
     device (a host copy here would sync inside the step). Under CUDA graph replay the Python
     propose does not run, so only eagerly executed proposals are recorded."""
 
     def __init__(self, llm):
         self.calls: list[dict] = []
         proposer = llm.runner.proposer
-        propose = proposer.propose
+        propose = llm.runner.propose
 
         target = getattr(proposer, "target", None)
 
@@ -56,7 +56,7 @@ class DraftRecorder:
                                        token_ids=inp.token_ids.clone(), temperature=s.temperature.clone(),
                                        top_k=s.top_k.clone(), top_p=s.top_p.clone(), keys=s.keys.clone()))
             return drafts, num_draft, q
-        proposer.propose = recorded
+        llm.runner.propose = recorded
 
 
 def draft_q_difference(calls: list[dict]) -> Difference | None:

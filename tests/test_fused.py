@@ -60,6 +60,29 @@ def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafte
     assert graph == any(step.route.endswith("/graph") for step in fused.trace), "the arm asked for did not run"
 
 
+@pytest.mark.parametrize("drafter, backend", [("ngram", "sdpa"), ("block", "sdpa"), ("ngram", "flex")])
+def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make_llm, drafter, backend):
+    """Which pieces compile=True hands to inductor (built, not run: compiling happens on first call):
+    the layers, verify, the logits gather, the sdpa metadata, and a proposer that is a function
+    of its input; the block drafter (a model with state) and flex's own metadata stay eager."""
+    from engine.attention import build_attention_metadata
+    from engine.runner import gather_logits
+
+    def compiled_from(fn, original):
+        return getattr(fn, "_torchdynamo_orig_callable", None) == original
+
+    kwargs = dict(spec=drafter, num_spec_tokens=3, attention_backend=backend)
+    plain, fused = make_llm(**kwargs).runner, make_llm(compile=True, **kwargs).runner
+    assert plain.forward is plain.model and isinstance(fused.forward, FusedForward)
+    for name, original in (("verify", verify), ("gather_logits", gather_logits),
+                           ("build_metadata", build_attention_metadata)):
+        assert getattr(plain, name) is original, name
+        assert compiled_from(getattr(fused, name), original) == (name != "build_metadata" or backend == "sdpa"), name
+    assert plain.propose == plain.proposer.propose
+    assert compiled_from(fused.propose, fused.proposer.propose) == (drafter == "ngram")
+    assert (fused.propose == fused.proposer.propose) == (drafter != "ngram")
+
+
 def test_packing_keeps_the_checkpoint(target_dir):
     """The Hugging Face parameters become views of the packed weights: same names, same values,
     no second copy of the weights."""
@@ -77,16 +100,23 @@ def test_packing_keeps_the_checkpoint(target_dir):
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
                     reason="inductor's compile costs each mutant ~12 s; the Hypothesis cases above run the same functions")
 @pytest.mark.xdist_group("inductor")
-@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded-sampling"])
-def test_inductor_compiled_step_gives_the_reference_run(make_llm, temperature):
+@pytest.mark.parametrize("drafter, temperature", [("block", 0.0), ("block", 0.8), ("ngram", 0.0)],
+                         ids=["block-greedy", "block-seeded-sampling", "ngram-greedy"])
+def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, temperature):
     """compile=True as a user sets it: inductor's CPU kernels for the layers, the attention
-    metadata and verify (the sampler); block drafter (aux hidden states), async runner, graph
-    arm, a mixed batch with late arrivals; greedy, and seeded sampling with top-k and top-p."""
+    metadata, the logits gather, verify (the sampler) and the n-gram proposer; the block drafter
+    (aux hidden states) or ngram, async runner, graph arm, a mixed batch with late arrivals;
+    greedy, and seeded sampling with top-k and top-p."""
     from gates.workloads import MIXED_REFUSALS
+    from engine.runner import gather_logits
     batch = MIXED_REFUSALS
-    kwargs = dict(spec="block", num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
+    kwargs = dict(spec=drafter, num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
     compiled = make_llm(compile=True, **kwargs)
-    assert isinstance(compiled.runner.forward, FusedForward) and compiled.runner.verify is not verify
+    runner = compiled.runner
+    assert isinstance(runner.forward, FusedForward) and runner.verify is not verify
+    assert runner.gather_logits is not gather_logits
+    # Only a proposer that is a function of its input is compiled; the block drafter runs a model.
+    assert (runner.propose != runner.proposer.propose) == (drafter == "ngram")
     assert_same_run(run(make_llm(**kwargs), batch, temperature), run(compiled, batch, temperature))
     assert max(step.num_reqs for step in compiled.trace) > 1
     assert any(step.route == "async/graph" for step in compiled.trace)

@@ -165,6 +165,11 @@ def test_busy_fraction_is_the_union_of_device_intervals_in_the_window():
     assert busy_fraction([(0, 2), (1, 3), (5, 6), (9, 12)], (0, 10)) == pytest.approx(0.5)
     assert busy_fraction([], (0, 10)) == 0.0
     assert busy_fraction([(-5, 20)], (0, 10)) == 1.0
+    # Activity wholly outside the window adds nothing (it would clip to a negative span), a window
+    # that does not start at 0 is measured from its start, and an empty window is 0, not an error.
+    assert busy_fraction([(0, 2), (12, 15), (-8, -6)], (0, 10)) == pytest.approx(0.2)
+    assert busy_fraction([(10, 15)], (10, 20)) == pytest.approx(0.5)
+    assert busy_fraction([(4, 6)], (5, 5)) == 0.0
 
 
 def test_distribution_test_fails_on_non_uniform_pit_values():

@@ -1,9 +1,9 @@
 """The fused forward (EngineConfig.compile): model.py's arithmetic regrouped so inductor can fuse it.
 
 model.py is the reference: one module per operation, as Hugging Face writes Llama, and a few
-dozen small kernels per layer when run eagerly; its norm and rotary functions serve both. Here each layer runs as three functions over
-plain tensors, compiled once by torch.compile and shared by every layer and every bucket
-(dynamic shapes):
+dozen small kernels per layer when run eagerly; its norm and rotary functions serve both. Here
+each layer runs as three functions over plain tensors, compiled once by torch.compile and shared
+by every layer and every bucket (dynamic shapes):
 
     attention_inputs: RMSNorm -> one QKV matmul -> rotary on q and k       (fused elementwise)
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
@@ -12,9 +12,9 @@ plain tensors, compiled once by torch.compile and shared by every layer and ever
 With compile=True the runner also compiles the pure pieces of the step around the forward: the
 sdpa attention metadata, the logits gather, verify (whose keyed sampler is ~150 integer ops a
 step, greedy rows included) and the n-gram proposer; `compiled` below serves them all. The
-combine and the commit, which write the runner's state, stay eager. The KV cache write stays outside the compiled code:
-inductor lowers an indexed write into a graph input to a copy of the whole cache (10 s a call on
-the CPU for a 2M-slot cache, measured). The rotary angles are computed once per step, not
+combine and the commit, which write the runner's state, stay eager, and so does the KV cache
+write: inductor lowers an indexed write into a graph input to a copy of the whole cache (10 s a
+call on the CPU for a 2M-slot cache, measured). The rotary angles are computed once per step, not
 once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters
 as views of it, so a checkpoint still loads and the memory is not doubled.
 """

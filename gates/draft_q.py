@@ -28,9 +28,10 @@ MIN_EXPECTED = 5        # chi-square cells expected fewer times than this are po
 
 
 class DraftRecorder:
-    """Wraps the runner's propose (the proposer's, or compile=True's compiled one); `calls` holds a copy of every proposal, on the engine's
-    device (a host copy here would sync inside the step). Under CUDA graph replay the Python
-    propose does not run, so only eagerly executed proposals are recorded."""
+    """Wraps the runner's propose (the proposer's own, or compile=True's compiled one); `calls`
+    holds a copy of every proposal, on the engine's device (a host copy here would sync inside the
+    step). Under CUDA graph replay the Python propose does not run, so only eagerly executed
+    proposals are recorded."""
 
     def __init__(self, llm):
         self.calls: list[dict] = []

@@ -74,6 +74,9 @@ def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make
     kwargs = dict(spec=drafter, num_spec_tokens=3, attention_backend=backend)
     plain, fused = make_llm(**kwargs).runner, make_llm(compile=True, **kwargs).runner
     assert plain.forward is plain.model and isinstance(fused.forward, FusedForward)
+    eager = eager_kernels()
+    for field in dataclasses.fields(eager):  # every layer function inductor's, built from the eager one
+        assert compiled_from(getattr(fused.forward.kernels, field.name), getattr(eager, field.name)), field.name
     for name, original in (("verify", verify), ("gather_logits", gather_logits),
                            ("build_metadata", build_attention_metadata)):
         assert getattr(plain, name) is original, name

@@ -64,3 +64,16 @@ def test_drafts_are_accepted(make_llm, drafter):
     accepted = sum(o.stats.num_accepted_tokens for o in outs)
     drafted = sum(o.stats.num_draft_tokens for o in outs)
     assert drafted > 0 and accepted / drafted > 0.2, (accepted, drafted)
+
+
+def test_a_graph_bucket_padded_past_the_token_budget_fits_the_staging(make_llm):
+    """Six verify rows of k+1 = 5 tokens fit a 30-token budget; their graph bucket of 8 rows is
+    40 tokens, more than the budget: staging is sized for the largest bucket, not the budget."""
+    llm = make_llm(spec="ngram", num_spec_tokens=4, graph=True, async_runner=True, max_num_seqs=8,
+                   max_num_batched_tokens=30, max_model_len=30, trace=True)
+    outs = llm.generate(["x" * (3 + i) for i in range(8)], SamplingParams(temperature=0, max_tokens=12,
+                                                                          ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [12] * 8
+    padded = [s for s in llm.trace if s.route.endswith("/graph")
+              and (s.num_reqs + s.num_padding_rows) * 5 > 30]
+    assert padded, "no graph step was padded past the token budget"

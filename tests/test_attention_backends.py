@@ -119,11 +119,11 @@ def test_flex_engine_gives_the_reference_tokens_on_cpu():
     from fixtures import TARGET_DIR
     prompts = ["def main(", "x = 1\nx = 1\nx =", "import os\nimport sys\n"]
     from engine.attention import FlexKernels
-    tokens, routes, calls = {}, {}, {"fixed_shapes": 0, "any_shapes": 0}
+    tokens, routes, calls = {}, {}, {b: {"fixed_shapes": 0, "any_shapes": 0} for b in ("sdpa", "flex")}
 
-    def counted(kind, kernel):
+    def counted(backend, kind, kernel):
         def run(*args):
-            calls[kind] += 1
+            calls[backend][kind] += 1
             return kernel(*args)
         return run
 
@@ -131,13 +131,16 @@ def test_flex_engine_gives_the_reference_tokens_on_cpu():
         llm = LLM(TARGET_DIR, max_model_len=64, max_num_seqs=3, spec="ngram", num_spec_tokens=3, graph=True,
                   async_runner=True, trace=True, attention_backend=backend)
         if llm.runner.flex is not None:
-            llm.runner.flex = FlexKernels(*(counted(kind, getattr(llm.runner.flex, kind)) for kind in calls))
+            llm.runner.flex = FlexKernels(*(counted(backend, kind, getattr(llm.runner.flex, kind))
+                                            for kind in calls[backend]))
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                             arrival_steps=[0, 2, 3])
         tokens[backend] = [o.token_ids for o in outs]
         routes[backend] = {t.route for t in llm.trace}
     assert tokens["flex"] == tokens["sdpa"]
     assert routes["flex"] >= {"async/graph", "async/eager"}
-    # The flex engine really attended with flex: a graph bucket's kernel in graph steps, the
-    # dynamic one in eager steps (the sdpa path gives the same tokens, so tokens alone cannot tell).
-    assert calls["fixed_shapes"] > 0 and calls["any_shapes"] > 0, calls
+    # Each engine attended with the backend it was asked for: flex with a graph bucket's kernel in
+    # graph steps and the dynamic one in eager steps, sdpa never with flex (the two give the same
+    # tokens, so tokens alone cannot tell).
+    assert calls["flex"]["fixed_shapes"] > 0 and calls["flex"]["any_shapes"] > 0, calls
+    assert calls["sdpa"] == {"fixed_shapes": 0, "any_shapes": 0}, calls

@@ -7,6 +7,15 @@ exercises the sharded loader. Each tensor is drawn from its own generator, seede
 tensor name), and written shard by shard: host memory holds one shard, never the model, and the
 same seed gives the same bytes. Random weights make drafters meaningless; they are for speed.
 
+The 1B shape is *decisive*: its blocks' output projections (o_proj, down_proj) are drawn a
+thousand times smaller, so the current token's embedding dominates the residual stream, and the
+head maps each byte to a seeded successor (one cycle through the 256 bytes). Greedy decoding then
+picks the successor by a margin of about half the top logit, far above bf16 rounding (0.4%), so a
+verify step (k+1 rows) and a plain step (1 row) pick the same token, which the oracle drafter
+needs (`specgate bench --spec oracle`). On undamped random weights the logit margins lie within
+bf16 rounding and the target's greedy stream under speculation drifts from the plain run's. The
+shapes, bytes and kernels are those of any random folder: the speed figures do not depend on it.
+
 Folders are cached under $SPECGATE_CACHE/bench-models (default ~/.cache/specgate/bench-models),
 one per shape and seed. A marker file written last says the folder is complete; a folder without
 it (an interrupted write) is written again.
@@ -40,6 +49,7 @@ class Shape:
     max_position_embeddings: int = 4096
     dtype: str = "bfloat16"
     vocab_size: int = VOCAB_SIZE
+    decisive: bool = False  # see the module docstring
 
     @property
     def head_dim(self) -> int:
@@ -53,12 +63,17 @@ class Shape:
 SHAPES: dict[str, Shape] = {
     # Issue 18's 1B shape: 0.97B parameters, 1.95 GB of bf16 weights read per decode step.
     "llama-1b": Shape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                      num_key_value_heads=8, layers_per_shard=4),
+                      num_key_value_heads=8, layers_per_shard=4, decisive=True),
     # For CPU tests: the same layout in miniature. A wider initialiser than 0.02 makes greedy
     # choices decisive, so two implementations agree on them in float32.
     "tiny": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, layers_per_shard=1, initializer_range=0.2, max_position_embeddings=512),
+    # The 1B shape's decisive weights in miniature (bf16), for CPU tests of what the oracle needs.
+    "tiny-decisive": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=512, decisive=True),
 }
+# How much smaller a decisive model's block output projections are drawn than its other matrices.
+DECISIVE_BLOCK_SCALE = 1e-3
 
 
 def shape_named(name: str) -> Shape:
@@ -100,13 +115,34 @@ def tensor_shapes(shape: Shape) -> list[list[tuple[str, tuple[int, ...]]]]:
 
 def random_tensor(name: str, size: tuple[int, ...], shape: Shape, seed: int) -> torch.Tensor:
     """As transformers initialises a Llama: norms 1, every matrix normal(0, initializer_range),
-    from a generator seeded by (seed, name) so that no tensor depends on another's draw."""
+    from a generator seeded by (seed, name) so that no tensor depends on another's draw. A
+    decisive shape damps the blocks' output projections and gives the head its successor rows."""
     dtype = getattr(torch, shape.dtype)
     if name.endswith("norm.weight"):
         return torch.ones(size, dtype=dtype)
+    std = shape.initializer_range
+    if shape.decisive and name.endswith(("o_proj.weight", "down_proj.weight")):
+        std *= DECISIVE_BLOCK_SCALE
+    weight = torch.empty(size, dtype=dtype).normal_(0.0, std, generator=_generator(seed, name))
+    if shape.decisive and name == "lm_head.weight":
+        embed = random_tensor("model.embed_tokens.weight", (shape.vocab_size, shape.hidden_size), shape, seed)
+        weight[successors(seed)] = embed[:256]  # byte t's embedding scores its successor's logit
+    return weight
+
+
+def successors(seed: int) -> torch.Tensor:
+    """A decisive model's greedy successor of each byte: [256] ids, one seeded cycle through all
+    256 bytes, so a greedy stream repeats no byte for 256 tokens (an n-gram drafter finds no
+    pattern in it that random weights would not give)."""
+    order = torch.randperm(256, generator=_generator(seed, "successors"))
+    after = torch.empty(256, dtype=torch.long)
+    after[order] = order.roll(-1)
+    return after
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
     key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
-    return torch.empty(size, dtype=dtype).normal_(0.0, shape.initializer_range,
-                                                 generator=torch.Generator().manual_seed(key))
+    return torch.Generator().manual_seed(key)
 
 
 def shard_name(index: int, total: int) -> str:

@@ -1,6 +1,7 @@
 """The benchmark model folder (engine/bench_model.py), on the tiny shape: it loads in specgate
 and in transformers with the same greedy tokens, it is sharded, one seed gives one set of bytes,
-and an interrupted write is redone."""
+and an interrupted write is redone; the decisive 1B weights, in miniature, pick each greedy token by a
+margin far above bf16 rounding."""
 import json
 import os
 import subprocess
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.bench_model import (MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir, tensor_shapes,
-                                write_bench_model)
+from engine.bench_model import (MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir, successors,
+                                tensor_shapes, write_bench_model)
 from engine.config import ModelConfig
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE, weight_files
@@ -61,6 +62,39 @@ def test_specgate_and_transformers_give_the_same_greedy_tokens(tiny_dir):
         theirs.append(out[0, len(p):].tolist())
     assert ours == theirs
     assert len({tuple(t) for t in ours}) == len(ours)  # distinct continuations: the weights are not degenerate
+
+
+def greedy_margins(folder: Path, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per prompt position after the first: the greedy choice and its margin over the runner-up,
+    relative to the top logit (transformers, float32)."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(prompts)).logits[:, 1:]
+    top = logits.topk(2, dim=-1).values
+    return logits.argmax(-1), (top[..., 0] - top[..., 1]) / top[..., 0].abs()
+
+
+def test_a_decisive_folder_decodes_its_successor_cycle_far_above_bf16_rounding(tmp_path, tiny_dir):
+    """What the oracle needs on CUDA in bf16: a plain step and a verify step pick the same greedy
+    token. bf16 rounds relatively by 2^-8; every margin of a decisive folder is over 60 times that,
+    while undamped random weights (the plain tiny folder: the negative control) have margins under it."""
+    folder = write_bench_model("tiny-decisive", seed=0, folder=tmp_path / "decisive")
+    after = successors(0)
+    assert sorted(after.tolist()) == list(range(256))
+    cycle, x = [], 0
+    for _ in range(256):
+        x = int(after[x])
+        cycle.append(x)
+    assert len(set(cycle)) == 256  # one cycle: a greedy stream repeats no byte for 256 tokens
+    prompts = bench_prompts(4, 48, seed=2)
+    choice, margin = greedy_margins(folder, prompts)
+    assert torch.equal(choice, after[torch.tensor(prompts)[:, 1:]]) and margin.min() > 60 * 2 ** -8
+    assert greedy_margins(tiny_dir, prompts)[1].min() < 2 ** -8
+    llm = LLM(folder, dtype="bfloat16", max_model_len=128, max_num_seqs=4)
+    for p, out in zip(prompts, llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))):
+        stream = [p[-1], *out.token_ids]
+        assert stream[1:] == after[torch.tensor(stream[:-1])].tolist()
 
 
 def test_one_seed_gives_identical_files_and_another_seed_different_ones(tmp_path, tiny_dir):

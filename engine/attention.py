@@ -15,6 +15,7 @@ Two backends (EngineConfig.attention_backend):
   holds (physical_to_logical) to apply causality and the sequence length. On CUDA the kernel
   is compiled (engine.attention.flex_kernels); the host never reads a device value.
 """
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -83,6 +84,12 @@ class FlexKernels:
     any_shapes: Callable    # eager steps: any batch and query length (dynamic shapes)
 
 
+# Room for the flex kernels' specialisations: one per graph bucket's decode and verify shapes
+# (compiled with dynamic=False), a few for the eager arm. Dynamo's default (8) fails a fullgraph
+# compile outright once an engine has more buckets than that.
+FLEX_RECOMPILE_LIMIT = 64
+
+
 def flex_kernels(device: str, block_size: int) -> FlexKernels:
     """The flex backend's kernels. On CUDA they are compiled (flex_attention unfused is slow and
     materialises the scores) before any graph capture: the runner warms a bucket up outside its
@@ -92,14 +99,24 @@ def flex_kernels(device: str, block_size: int) -> FlexKernels:
     # The kernel's key tile must divide the mask's key block (one cache block); 64 is its usual tile.
     options = {"BLOCK_N": next(n for n in (64, 32, 16) if block_size % n == 0)}
 
-    def fixed_shapes(q, k, v, block_mask, gqa):
+    def flex(q, k, v, block_mask, gqa):
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
 
-    def any_shapes(q, k, v, block_mask, gqa):
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
+    return FlexKernels(compile_with_room(flex, dynamic=False), compile_with_room(flex, dynamic=True))
 
-    return FlexKernels(torch.compile(fixed_shapes, dynamic=False, fullgraph=True),
-                       torch.compile(any_shapes, dynamic=True, fullgraph=True))
+
+def compile_with_room(fn: Callable, dynamic: bool, backend: str = "inductor") -> Callable:
+    """torch.compile(fn, fullgraph=True) with a compile cache of its own and room for
+    FLEX_RECOMPILE_LIMIT specialisations. Dynamo caches compiled code per code object and counts
+    its recompile limit there, so every engine built in one process (a gate builds dozens) would
+    share, and exhaust, one cache: each call here compiles a fresh copy of fn's code."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    compiled = torch.compile(own, dynamic=dynamic, fullgraph=True, backend=backend)
+
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+            return compiled(*args)
+    return call
 
 
 def _flex_reference(q, k, v, block_mask, gqa):

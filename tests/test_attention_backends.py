@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import flex_attention
 
-from engine.attention import build_attention_metadata, flex_kernels, paged_attention
+from engine.attention import (FLEX_RECOMPILE_LIMIT, build_attention_metadata, compile_with_room, flex_kernels,
+                              paged_attention)
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
 
@@ -100,6 +101,23 @@ def test_compiled_cpu_flex_reads_only_the_listed_blocks_and_equals_the_reference
     meta.block_mask.kv_num_blocks.sub_(1).clamp_(min=0)
     short = paged_attention(q, k, v, cache.clone(), meta)
     assert not torch.allclose(short, ref, atol=1e-3)
+
+
+def test_compiled_kernels_have_room_for_every_bucket_and_a_cache_per_engine():
+    """Flex on CUDA compiles one specialisation per graph bucket shape; dynamo's default limit (8)
+    failed the fullgraph compile past 8 (seen on the H200: every flex arm red once a process had
+    compiled 8). A trivial function under dynamo's eager backend stands in for flex: the limit is
+    dynamo's, before any backend. Two engines' worth of shapes exceeds the limit, so the second
+    passes only with a cache of its own."""
+    double = lambda x: x * 2  # noqa: E731  one code object for both engines, as flex's is
+    shapes = FLEX_RECOMPILE_LIMIT * 3 // 4
+    for kernel in [compile_with_room(double, dynamic=False, backend="eager") for _ in range(2)]:
+        for n in range(1, shapes + 1):
+            assert torch.equal(kernel(torch.ones(n)), torch.full((n,), 2.0))
+    plain = torch.compile(double, dynamic=False, fullgraph=True, backend="eager")  # negative control
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        for n in range(1, shapes + 1):
+            plain(torch.ones(n))
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -15,7 +15,6 @@ Two backends (EngineConfig.attention_backend):
   holds (physical_to_logical) to apply causality and the sequence length. On CUDA the kernel
   is compiled (engine.attention.flex_kernels); the host never reads a device value.
 """
-import types
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -84,10 +83,10 @@ class FlexKernels:
     any_shapes: Callable    # eager steps: any batch and query length (dynamic shapes)
 
 
-# Room for the flex kernels' specialisations: one per graph bucket's decode and verify shapes
-# (compiled with dynamic=False), a few for the eager arm. Dynamo's default (8) fails a fullgraph
-# compile outright once an engine has more buckets than that.
-FLEX_RECOMPILE_LIMIT = 64
+# Distinct specialisations a compiled function may hold: the graph arm's flex kernel compiles one
+# per bucket shape (dynamic=False); sizes 0 and 1 specialise, and each model shape or dtype in one
+# process is another. Past dynamo's default of 8 a fullgraph compile fails outright.
+RECOMPILE_LIMIT = 64
 
 
 def flex_kernels(device: str, block_size: int) -> FlexKernels:
@@ -97,26 +96,23 @@ def flex_kernels(device: str, block_size: int) -> FlexKernels:
     if not device.startswith("cuda"):
         return FlexKernels(_flex_reference, _flex_reference)
     # The kernel's key tile must divide the mask's key block (one cache block); 64 is its usual tile.
-    options = {"BLOCK_N": next(n for n in (64, 32, 16) if block_size % n == 0)}
+    # The main kernel serves every query length: the flex-decoding template inductor picks for
+    # short queries at a power-of-two GQA ratio finds no valid config for this block mask (H200,
+    # torch 2.11: NoValidChoicesError, on the 1B shape and in test_flex_kernel_replays_inside_a_cuda_graph).
+    options = {"BLOCK_N": next(n for n in (64, 32, 16) if block_size % n == 0), "FORCE_USE_FLEX_ATTENTION": True}
 
     def flex(q, k, v, block_mask, gqa):
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options=options)
 
-    return FlexKernels(compile_with_room(flex, dynamic=False), compile_with_room(flex, dynamic=True))
+    return FlexKernels(compile_fullgraph(flex, dynamic=False), compile_fullgraph(flex, dynamic=True))
 
 
-def compile_with_room(fn: Callable, dynamic: bool, backend: str = "inductor") -> Callable:
-    """torch.compile(fn, fullgraph=True) with a compile cache of its own and room for
-    FLEX_RECOMPILE_LIMIT specialisations. Dynamo caches compiled code per code object and counts
-    its recompile limit there, so every engine built in one process (a gate builds dozens) would
-    share, and exhaust, one cache: each call here compiles a fresh copy of fn's code."""
-    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    compiled = torch.compile(own, dynamic=dynamic, fullgraph=True, backend=backend)
-
-    def call(*args):
-        with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
-            return compiled(*args)
-    return call
+def compile_fullgraph(fn: Callable, dynamic: bool, backend: str = "inductor") -> Callable:
+    """torch.compile(fn, fullgraph=True), with dynamo's recompile limit raised to RECOMPILE_LIMIT
+    (a process-wide setting: dynamo counts it per code object, shared by every engine built in
+    the process, so it cannot be given to one engine alone)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
 
 
 def _flex_reference(q, k, v, block_mask, gqa):

@@ -25,13 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.activations import ACTIVATIONS
-from engine.attention import AttentionMetadata, read_cache, sdpa_read, write_cache
+from engine.attention import AttentionMetadata, compile_fullgraph, read_cache, sdpa_read, write_cache
 from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
-
-# Distinct specialisations a compiled function may hold (sizes 0 and 1 specialise, and each model
-# shape or dtype in one process is another); past dynamo's default of 8 it would fall back to eager.
-RECOMPILE_LIMIT = 64
-
 
 @dataclass(frozen=True)
 class PackedLayer:
@@ -89,8 +84,7 @@ class Kernels:
 
 def compiled(fn: Callable) -> Callable:
     """fn compiled by inductor for any batch and query length (dynamic shapes, one graph)."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=True, fullgraph=True)
+    return compile_fullgraph(fn, dynamic=True)
 
 
 def compiled_kernels() -> Kernels:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import flex_attention
 
-from engine.attention import (FLEX_RECOMPILE_LIMIT, build_attention_metadata, compile_with_room, flex_kernels,
+from engine.attention import (RECOMPILE_LIMIT, build_attention_metadata, compile_fullgraph, flex_kernels,
                               paged_attention)
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
@@ -103,21 +103,20 @@ def test_compiled_cpu_flex_reads_only_the_listed_blocks_and_equals_the_reference
     assert not torch.allclose(short, ref, atol=1e-3)
 
 
-def test_compiled_kernels_have_room_for_every_bucket_and_a_cache_per_engine():
+def test_compiled_kernels_have_room_for_every_bucket():
     """Flex on CUDA compiles one specialisation per graph bucket shape; dynamo's default limit (8)
     failed the fullgraph compile past 8 (seen on the H200: every flex arm red once a process had
-    compiled 8). A trivial function under dynamo's eager backend stands in for flex: the limit is
-    dynamo's, before any backend. Two engines' worth of shapes exceeds the limit, so the second
-    passes only with a cache of its own."""
-    double = lambda x: x * 2  # noqa: E731  one code object for both engines, as flex's is
-    shapes = FLEX_RECOMPILE_LIMIT * 3 // 4
-    for kernel in [compile_with_room(double, dynamic=False, backend="eager") for _ in range(2)]:
+    compiled 8 flex shapes). A trivial function under dynamo's eager backend stands in for flex:
+    the limit is dynamo's, before any backend."""
+    shapes = RECOMPILE_LIMIT * 3 // 4
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default, whatever ran before
+        plain = torch.compile(lambda x: x * 2, dynamic=False, fullgraph=True, backend="eager")  # negative control
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            for n in range(1, shapes + 1):
+                plain(torch.ones(n))
+        kernel = compile_fullgraph(lambda x: x * 2, dynamic=False, backend="eager")
         for n in range(1, shapes + 1):
             assert torch.equal(kernel(torch.ones(n)), torch.full((n,), 2.0))
-    plain = torch.compile(double, dynamic=False, fullgraph=True, backend="eager")  # negative control
-    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
-        for n in range(1, shapes + 1):
-            plain(torch.ones(n))
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -42,6 +42,8 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
+    run.add_argument("--stop-at-red", action="store_true", help="end a gate at its first failed check (the gate "
+                     "is red whatever its other tests give; `specgate prove` runs its defect trees so)")
     run.add_argument("--coverage", nargs="?", const="reports/coverage", default=None, metavar="DIR",
                      help="measure each gate's engine lines and branches (coverage.py): figures into the JSON, "
                      "HTML into DIR (default reports/coverage); with every gate, unreached request-path "
@@ -94,7 +96,8 @@ def cmd_run(args) -> int:
     result = run_gates(gates, json_path, args.junit, deep=args.deep, model=args.model,
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
                        pytest_args=(("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
-                       + (("--dtype", args.dtype) if args.dtype else ()),
+                       + (("--dtype", args.dtype) if args.dtype else ())
+                       + (("--gates-stop-at-red",) if args.stop_at_red else ()),
                        coverage_dir=args.coverage, jobs=args.jobs)
     print(report.table(result["gates"]))
     counts = result["summary"]

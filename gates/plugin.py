@@ -44,6 +44,8 @@ def pytest_addoption(parser):
                     "of the registry (tests of the harness)")
     group.addoption("--gates-no-table", action="store_true", help="print no gate table at the end: the "
                     "caller prints its own (specgate gates run), so the table is not shown twice")
+    group.addoption("--gates-stop-at-red", action="store_true", help="skip a gate's remaining tests once one "
+                    "of its checks failed: the gate is red whatever they give (prove's defect trees)")
     group.addoption("--gates-per-test", action="store_true", help="only each test's own outcome sets the "
                     "exit status, not the gates' verdicts: a mutation run selects a few tests of a gate, "
                     "and a claim another test covers would read as red")
@@ -164,6 +166,13 @@ class GateSession:
             self.current_item = None
             if gate is not None and (nextitem is None or self.gate_of(nextitem.path) is not gate):
                 self._gate_done(gate)
+
+    @pytest.hookimpl(tryfirst=True)  # before the fixtures: a skipped test builds no engine
+    def pytest_runtest_setup(self, item):
+        gate = self.gate_of(item.path)
+        if (gate is not None and self.config.getoption("--gates-stop-at-red")
+                and any(t["outcome"] == verdicts.FAILED for t in self.tests[gate.name].values())):
+            pytest.skip(f"gate {gate.name} is red already (--gates-stop-at-red)")
 
     def _gate_done(self, gate: Gate) -> None:
         """One line per finished gate, so a long run shows progress also when not on a terminal."""

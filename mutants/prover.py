@@ -23,10 +23,11 @@ from mutants.matrix import FAILED_TO_RUN, RAN, STALE, TIMEOUT, TreeRun
 PACKAGES = ("engine", "gates", "mutants", "fixtures")
 
 
-def gate_command(names: list[str], json_path: Path, device: str) -> list[str]:
-    # One pytest process a tree: prove already runs its trees in parallel (--jobs).
+def gate_command(names: list[str], json_path: Path, device: str, stop_at_red: bool = False) -> list[str]:
+    # One pytest process a tree: prove already runs its trees in parallel (--jobs). A defect's
+    # tree stops each gate at its first failed check: red is all the proof reads from it.
     cmd = [sys.executable, "-m", "gates.cli", "gates", "run", *names, "--json", str(json_path), "--jobs", "1"]
-    return cmd + (["--device", device] if device != "cpu" else [])
+    return cmd + (["--device", device] if device != "cpu" else []) + (["--stop-at-red"] if stop_at_red else [])
 
 
 class Prover:
@@ -52,7 +53,7 @@ class Prover:
             elsewhere = imports_elsewhere(tree)
             if elsewhere:
                 return TreeRun(label, FAILED_TO_RUN, detail=f"imports resolve outside the copy: {elsewhere}")
-            status = self._gates(tree, self.command(names, json_path, device), log_path, work)
+            status = self._gates(tree, self.command(names, json_path, device, defect is not None), log_path, work)
             gates = read_gate_results(json_path) if status == RAN else {}
             detail = ""
             if status != RAN or not gates:

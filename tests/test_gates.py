@@ -234,3 +234,34 @@ def test_an_exit_status_is_non_zero_only_for_red_or_error():
     assert report.exit_status([{"status": "green"}, {"status": "red"}]) == 1
     assert report.exit_status([{"status": "error"}]) == 1
     assert report.exit_status([]) == 1
+
+
+STOPS_AT_RED = '''
+from pathlib import Path
+from gates.compare import Difference
+CLAIMS = ()
+def test_1_passes(gate_record):
+    gate_record.case(n=1)
+def test_2_goes_red(gate_record):
+    gate_record.case(n=2)
+    gate_record.check(Difference("token", 0, 0, 0, 1, 2), "first red")
+def test_3_would_run_on(gate_record):
+    gate_record.case(n=3)
+    Path(__file__).with_suffix(".ran").write_text("ran")
+'''
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["every-test", "stop-at-red"])
+def test_stop_at_red_ends_a_gate_at_its_first_failed_check_and_it_stays_red(tmp_path, stop):
+    """prove's defect trees read only whether a gate is red, so they stop each gate at its first
+    failed check: the gate's status and evidence are those of a full run, the later tests skipped."""
+    from gates.run import run_gates
+    module = tmp_path / "fake_stops.py"
+    module.write_text(STOPS_AT_RED)
+    gate = registry.Gate("fake-stops", module.stem, "stops at red", "cpu", module)
+    result = run_gates([gate], str(tmp_path / "g.json"), quiet=True,
+                       pytest_args=("--gates-stop-at-red",) if stop else ())
+    (g,) = result["gates"]
+    assert g["status"] == "red" and g["evidence"][0]["message"] and "first red" in json.dumps(g["evidence"])
+    assert [t["outcome"] for t in g["tests"]] == ["passed", "failed", "skipped" if stop else "passed"]
+    assert module.with_suffix(".ran").exists() is not stop

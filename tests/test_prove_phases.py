@@ -1,6 +1,8 @@
 """prove's two phases: the timed gates (speed, busy) run after every other gate, one at a time and
-each in a process of its own, and their results join their tree's run."""
+each in a process of its own, and their results join their tree's run; a defect's tree stops each
+gate at its first red; and the environment every child of prove and mutate gets."""
 import json
+import os
 import sys
 import textwrap
 
@@ -11,7 +13,7 @@ from test_prove import fake_repo  # noqa: F401  (a fixture)
 
 TIMED_GATES = textwrap.dedent("""\
     import json, pathlib, sys, time
-    names, out, log = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+    names, out, log, stop_at_red = sys.argv[1].split(","), sys.argv[2], sys.argv[3], sys.argv[4] == "True"
     start = time.time()
     time.sleep(0.3)
     source = pathlib.Path("engine/x.py").read_text()
@@ -19,7 +21,8 @@ TIMED_GATES = textwrap.dedent("""\
               "busy": "green"}
     pathlib.Path(out).write_text(json.dumps({"gates": [{"name": n, "status": status[n], "reason": ""} for n in names]}))
     with open(log, "a") as f:
-        f.write(json.dumps({"names": names, "start": start, "end": time.time()}) + "\\n")
+        f.write(json.dumps({"names": names, "start": start, "end": time.time(), "stop_at_red": stop_at_red,
+                            "defect": "a + 2" in source}) + "\\n")
     """)
 
 
@@ -27,8 +30,8 @@ def test_timed_gates_run_alone_after_every_other_gate_and_join_their_tree(fake_r
     (fake_repo / "timed_gates.py").write_text(TIMED_GATES)
     log = tmp_path / "runs.jsonl"
 
-    def command(names, json_path, device):
-        return [sys.executable, "timed_gates.py", ",".join(names), str(json_path), str(log)]
+    def command(names, json_path, device, stop_at_red):
+        return [sys.executable, "timed_gates.py", ",".join(names), str(json_path), str(log), str(stop_at_red)]
     defects = [Defect("off-by-one", "x", ("combine", "speed"), token_invisible=True)]
     p = prove(defects, ProveOptions(jobs=2, progress=False), repo=fake_repo, cuda=False, command=command,
               gate_needs={"lossless": "cpu", "combine": "cpu", "speed": "cpu", "busy": "cpu"},
@@ -44,3 +47,21 @@ def test_timed_gates_run_alone_after_every_other_gate_and_join_their_tree(fake_r
     assert {g: r["status"] for g, r in p.runs["off-by-one"].gates.items()} == \
         {"lossless": GREEN, "combine": RED, "speed": GREEN}
     assert set(p.clean.gates) == {"lossless", "combine", "speed", "busy"} and p.clean.status == "ran"
+    # A defect's tree stops each gate at its first red (red is all the proof reads there); the clean
+    # tree runs every test, for it must be green throughout.
+    assert all(r["stop_at_red"] == r["defect"] for r in runs) and {r["defect"] for r in runs} == {True, False}
+
+
+def test_children_keep_outside_site_paths_but_never_the_working_tree(monkeypatch, tmp_path):
+    """On the GPU machine mutmut comes as wheels installed with `pip install --target DIR` and
+    PYTHONPATH=DIR: a child must still import it (the first --cuda-only run there failed with
+    `No module named mutmut`), but never the working tree, a relative entry or a lifted veto."""
+    from mutants.child_env import REPO, child_env
+    site = str(tmp_path / "site")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "engine"), ".", "", site]))
+    monkeypatch.setenv("VT_ASYNC_RUNNER", "1")
+    env = child_env(OMP_NUM_THREADS="1")
+    assert env["PYTHONPATH"] == site and "VT_ASYNC_RUNNER" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert child_env(PYTHONPATH="/copy")["PYTHONPATH"] == os.pathsep.join(["/copy", site])
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    assert "PYTHONPATH" not in child_env() and child_env(PYTHONPATH="/copy")["PYTHONPATH"] == "/copy"

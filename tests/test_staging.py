@@ -1,0 +1,35 @@
+"""The staging buffers (engine/staging.py): a step that does not fit is refused before anything is
+written, with the sizes in the message; one that fits comes back field by field."""
+import pytest
+import torch
+
+from engine.host_sync import DeclaredSyncs
+from engine.staging import FLOAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, InputStaging
+
+MAX_ROWS, MAX_TOKENS, WIDTH = 4, 10, 3
+
+
+def columns(num_rows: int, num_tokens: int) -> dict[str, list]:
+    cols = {name: [i + 10 * k for i in range(num_rows)] for k, name in enumerate(ROW_FIELDS)}
+    cols |= {name: [i + 100 * k for i in range(num_tokens)] for k, name in enumerate(TOKEN_FIELDS, 1)}
+    cols |= {name: [0.5 * i for i in range(num_rows)] for name in FLOAT_FIELDS}
+    return cols | {"block_tables": [[r * WIDTH + j for j in range(WIDTH)] for r in range(num_rows)]}
+
+
+@pytest.mark.parametrize("num_rows, num_tokens", [(MAX_ROWS + 1, 1), (1, MAX_TOKENS + 1), (MAX_ROWS + 1, MAX_TOKENS + 1)],
+                         ids=["rows-over", "tokens-over", "both-over"])
+def test_a_step_past_either_buffer_is_refused_with_its_sizes(num_rows, num_tokens):
+    staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", DeclaredSyncs())
+    with pytest.raises(RuntimeError) as e:
+        staging.upload(columns(num_rows, num_tokens), num_rows, num_tokens)
+    assert str(e.value) == (f"a step of {num_rows} rows and {num_tokens} tokens exceeds the staging buffers "
+                            f"({MAX_ROWS} rows, {MAX_TOKENS} tokens)")
+
+
+def test_a_step_at_the_limits_comes_back_field_by_field():
+    staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", DeclaredSyncs())
+    cols = columns(MAX_ROWS, MAX_TOKENS)
+    views = staging.upload(cols, MAX_ROWS, MAX_TOKENS)
+    for name in (*ROW_FIELDS, *TOKEN_FIELDS, *FLOAT_FIELDS):
+        assert views[name].tolist() == cols[name], name
+    assert views["block_tables"].tolist() == cols["block_tables"] and views["temperature"].dtype == torch.float32

@@ -143,6 +143,75 @@ def sampled_workload(sampling: dict) -> tuple[list[str], list[SamplingParams]]:
     return prompts, params
 
 
+# The bfloat16 and engine-seed checks run before the sampled-run distribution tests, the gate's
+# costliest: a defect's tree in prove stops the gate at its first failed check (--stop-at-red).
+def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, gate_record, target_dir, gate_device,
+                                                                       request):
+    from engine.loader import load_model
+    reference = load_model(target_dir, gate_device, torch.bfloat16)   # on its own: not the engine's dtype path
+    params = BF16_WORKLOAD.params()
+    runs = {}
+    engines = {"plain": {}, "ngram": dict(spec="ngram", num_spec_tokens=3, async_runner=False),
+               "block": dict(spec="block", num_spec_tokens=3, async_runner=True)}
+    skipped = request.config.pluginmanager.get_plugin(SESSION_PLUGIN).skipped_drafters()  # a drafter unfit for this target
+    for name, engine in {n: e for n, e in engines.items() if e.get("spec") not in skipped}.items():
+        llm = make_llm(dtype="bfloat16", max_num_seqs=4, **engine)
+        outs = llm.generate(BF16_WORKLOAD.prompt_list(), params, arrival_steps=BF16_WORKLOAD.arrivals())
+        gate_record.case(dtype="bfloat16", run=name, num_reqs=BF16_WORKLOAD.num_reqs, **engine)
+        gate_record.check(dtype_difference(llm, torch.bfloat16), f"{name}: asked for bfloat16")
+        gate_record.occurred("bfloat16 engine")
+        ties = 0
+        for o, m in zip(outs, BF16_WORKLOAD.max_tokens):
+            assert len(o.token_ids) == m and o.finish_reason == "length", f"{name}: request {o.request_id} ended early"
+            logits = teacher_forced_logits(reference, o.prompt_token_ids, o.token_ids)
+            diff, n = near_tie_difference(logits, o.token_ids, o.request_id, len(o.prompt_token_ids))
+            gate_record.check(diff, f"{name} in bfloat16: vs the bfloat16 reference decoder")
+            ties += n
+        gate_record.measure(dtype="bfloat16", run=name, near_ties=ties,
+                            accepted=sum(o.stats.num_accepted_tokens for o in outs))
+        if engine:
+            gate_record.occurred("bfloat16 drafts accepted", sum(o.stats.num_accepted_tokens for o in outs) > 0)
+        runs[name] = outs
+    if "block" not in runs and not any(bigram_repeats(list(o.prompt_token_ids) + list(o.token_ids),
+                                                      len(o.prompt_token_ids)) for o in runs["ngram"]):
+        gate_record.unexercisable("bfloat16 drafts accepted",
+                                  "no output token of the ngram run's bfloat16 streams completes a bigram seen "
+                                  "before it, so no n-gram draft could equal a greedy token on this target (and "
+                                  "the block drafter does not fit it)")
+    for name in (n for n in ("ngram", "block") if n in runs):  # equal to plain up to the first token, a near-tie the reference allows
+        for s, p in zip(runs[name], runs["plain"]):
+            d = next((i for i, (a, b) in enumerate(zip(s.token_ids, p.token_ids)) if a != b), None)
+            if d is not None:
+                logits = teacher_forced_logits(reference, p.prompt_token_ids, p.token_ids[:d + 1])
+                gate_record.check(near_tie_difference(logits[d:], [s.token_ids[d]], s.request_id,
+                                                      len(s.prompt_token_ids) + d)[0],
+                                  f"{name} vs plain in bfloat16: first difference beyond a near-tie")
+
+
+def test_unseeded_sampled_requests_take_their_keys_from_the_engine_seed(make_llm, gate_record):
+    """Sampled requests without a seed: the same engine seed gives the same tokens (on either
+    runner), another engine seed other tokens."""
+    params = UNSEEDED.params(ignore_eos=True)
+    assert all(p.seed is None and not p.is_greedy for p in params)
+    tokens = {}
+    for seed, async_runner in ((0, False), (0, True), (1, False)):
+        for again in (False, True) if not async_runner and seed == 0 else (False,):
+            llm = make_llm(spec="ngram", num_spec_tokens=3, max_num_seqs=4, seed=seed, async_runner=async_runner)
+            gate_record.case(engine_seed=seed, async_runner=async_runner, again=again, unseeded=UNSEEDED.num_reqs)
+            outs = llm.generate(UNSEEDED.prompt_list(), params)
+            tokens[seed, async_runner, again] = [o.token_ids for o in outs]
+    base = tokens[0, False, False]
+    for key in ((0, False, True), (0, True, False)):
+        gate_record.check(None if tokens[key] == base else Difference(
+            "unseeded sampled tokens under the same engine seed", None, None, None, base, tokens[key]),
+            f"engine seed 0, async_runner={key[1]}, again={key[2]}")
+    differs = tokens[1, False, False] != base
+    gate_record.check(None if differs else Difference(
+        "unseeded sampled tokens under engine seeds 0 and 1 (the engine seed did not key them)", None, None, None,
+        "different tokens", "the same tokens"), "engine seed 1 vs 0")
+    gate_record.occurred("unseeded sampled requests keyed by the engine seed", differs)
+
+
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafter, sampling):
@@ -224,70 +293,3 @@ def test_verify_with_the_block_drafters_own_q_emits_the_target_distribution(make
     assert support < q.shape[-1], "top-k/top-p did not cut the drafter's q"
     judge_positions(gate_record, results, lossy, "block drafter q negative control failed",
                     "verify with the drafter's q")
-
-
-def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, gate_record, target_dir, gate_device,
-                                                                       request):
-    from engine.loader import load_model
-    reference = load_model(target_dir, gate_device, torch.bfloat16)   # on its own: not the engine's dtype path
-    params = BF16_WORKLOAD.params()
-    runs = {}
-    engines = {"plain": {}, "ngram": dict(spec="ngram", num_spec_tokens=3, async_runner=False),
-               "block": dict(spec="block", num_spec_tokens=3, async_runner=True)}
-    skipped = request.config.pluginmanager.get_plugin(SESSION_PLUGIN).skipped_drafters()  # a drafter unfit for this target
-    for name, engine in {n: e for n, e in engines.items() if e.get("spec") not in skipped}.items():
-        llm = make_llm(dtype="bfloat16", max_num_seqs=4, **engine)
-        outs = llm.generate(BF16_WORKLOAD.prompt_list(), params, arrival_steps=BF16_WORKLOAD.arrivals())
-        gate_record.case(dtype="bfloat16", run=name, num_reqs=BF16_WORKLOAD.num_reqs, **engine)
-        gate_record.check(dtype_difference(llm, torch.bfloat16), f"{name}: asked for bfloat16")
-        gate_record.occurred("bfloat16 engine")
-        ties = 0
-        for o, m in zip(outs, BF16_WORKLOAD.max_tokens):
-            assert len(o.token_ids) == m and o.finish_reason == "length", f"{name}: request {o.request_id} ended early"
-            logits = teacher_forced_logits(reference, o.prompt_token_ids, o.token_ids)
-            diff, n = near_tie_difference(logits, o.token_ids, o.request_id, len(o.prompt_token_ids))
-            gate_record.check(diff, f"{name} in bfloat16: vs the bfloat16 reference decoder")
-            ties += n
-        gate_record.measure(dtype="bfloat16", run=name, near_ties=ties,
-                            accepted=sum(o.stats.num_accepted_tokens for o in outs))
-        if engine:
-            gate_record.occurred("bfloat16 drafts accepted", sum(o.stats.num_accepted_tokens for o in outs) > 0)
-        runs[name] = outs
-    if "block" not in runs and not any(bigram_repeats(list(o.prompt_token_ids) + list(o.token_ids),
-                                                      len(o.prompt_token_ids)) for o in runs["ngram"]):
-        gate_record.unexercisable("bfloat16 drafts accepted",
-                                  "no output token of the ngram run's bfloat16 streams completes a bigram seen "
-                                  "before it, so no n-gram draft could equal a greedy token on this target (and "
-                                  "the block drafter does not fit it)")
-    for name in (n for n in ("ngram", "block") if n in runs):  # equal to plain up to the first token, a near-tie the reference allows
-        for s, p in zip(runs[name], runs["plain"]):
-            d = next((i for i, (a, b) in enumerate(zip(s.token_ids, p.token_ids)) if a != b), None)
-            if d is not None:
-                logits = teacher_forced_logits(reference, p.prompt_token_ids, p.token_ids[:d + 1])
-                gate_record.check(near_tie_difference(logits[d:], [s.token_ids[d]], s.request_id,
-                                                      len(s.prompt_token_ids) + d)[0],
-                                  f"{name} vs plain in bfloat16: first difference beyond a near-tie")
-
-
-def test_unseeded_sampled_requests_take_their_keys_from_the_engine_seed(make_llm, gate_record):
-    """Sampled requests without a seed: the same engine seed gives the same tokens (on either
-    runner), another engine seed other tokens."""
-    params = UNSEEDED.params(ignore_eos=True)
-    assert all(p.seed is None and not p.is_greedy for p in params)
-    tokens = {}
-    for seed, async_runner in ((0, False), (0, True), (1, False)):
-        for again in (False, True) if not async_runner and seed == 0 else (False,):
-            llm = make_llm(spec="ngram", num_spec_tokens=3, max_num_seqs=4, seed=seed, async_runner=async_runner)
-            gate_record.case(engine_seed=seed, async_runner=async_runner, again=again, unseeded=UNSEEDED.num_reqs)
-            outs = llm.generate(UNSEEDED.prompt_list(), params)
-            tokens[seed, async_runner, again] = [o.token_ids for o in outs]
-    base = tokens[0, False, False]
-    for key in ((0, False, True), (0, True, False)):
-        gate_record.check(None if tokens[key] == base else Difference(
-            "unseeded sampled tokens under the same engine seed", None, None, None, base, tokens[key]),
-            f"engine seed 0, async_runner={key[1]}, again={key[2]}")
-    differs = tokens[1, False, False] != base
-    gate_record.check(None if differs else Difference(
-        "unseeded sampled tokens under engine seeds 0 and 1 (the engine seed did not key them)", None, None, None,
-        "different tokens", "the same tokens"), "engine seed 1 vs 0")
-    gate_record.occurred("unseeded sampled requests keyed by the engine seed", differs)

@@ -115,6 +115,7 @@ def test_compiled_kernels_have_room_for_every_bucket():
             for n in range(1, shapes + 1):
                 plain(torch.ones(n))
         kernel = compile_fullgraph(lambda x: x * 2, dynamic=False, backend="eager")
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
         for n in range(1, shapes + 1):
             assert torch.equal(kernel(torch.ones(n)), torch.full((n,), 2.0))
 
@@ -161,3 +162,31 @@ def test_flex_engine_gives_the_reference_tokens_on_cpu():
     # tokens, so tokens alone cannot tell).
     assert calls["flex"]["fixed_shapes"] > 0 and calls["flex"]["any_shapes"] > 0, calls
     assert calls["sdpa"] == {"fixed_shapes": 0, "any_shapes": 0}, calls
+
+
+@pytest.mark.parametrize("block_size, tile", [(16, 16), (32, 32), (48, 16), (64, 64), (128, 64)])
+def test_cuda_flex_kernels_are_built_as_asked(monkeypatch, block_size, tile):
+    """What flex_kernels asks of torch for CUDA, checked on any machine (torch.compile is
+    lazy): the graph arm's kernel fixed-shape and the eager arm's dynamic, both fullgraph under
+    inductor; each calls flex_attention with q, k, v, the block mask and GQA as given, a key tile
+    dividing the cache block, and the main template forced. On the CPU the reference runs."""
+    compiled, calls = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    monkeypatch.setattr("engine.attention.flex_attention", lambda *a, **kw: calls.append((a, kw)) or "out")
+    kernels = flex_kernels("cuda:0", block_size)
+    assert compiled == [dict(dynamic=False, fullgraph=True, backend="inductor"),
+                        dict(dynamic=True, fullgraph=True, backend="inductor")]
+    for kernel in (kernels.fixed_shapes, kernels.any_shapes):
+        assert kernel("q", "k", "v", "mask", True) == "out"
+    options = {"BLOCK_N": tile, "FORCE_USE_FLEX_ATTENTION": True}
+    assert calls == [(("q", "k", "v"), dict(block_mask="mask", enable_gqa=True, kernel_options=options))] * 2
+    assert flex_kernels("cpu", block_size).any_shapes is flex_kernels("cpu", block_size).fixed_shapes
+    assert not compiled[2:]  # the CPU's reference is not compiled
+
+
+def test_the_fused_forward_compiles_each_piece_whole_for_any_shape(monkeypatch):
+    from engine.fused import compiled
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
+    compiled(abs)
+    assert asked == [dict(dynamic=True, fullgraph=True, backend="inductor")]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.bench_model import (MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir, successors,
-                                tensor_shapes, write_bench_model)
+from engine.bench_model import (DECISIVE_BLOCK_SCALE, MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir,
+                                random_tensor, successors, tensor_shapes, write_bench_model)
 from engine.config import ModelConfig
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE, weight_files
@@ -95,6 +95,28 @@ def test_a_decisive_folder_decodes_its_successor_cycle_far_above_bf16_rounding(t
     for p, out in zip(prompts, llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))):
         stream = [p[-1], *out.token_ids]
         assert stream[1:] == after[torch.tensor(stream[:-1])].tolist()
+
+
+def test_each_tensor_is_drawn_as_its_shape_says():
+    """The folder's dtype, ones for the norms, normal(0, initializer_range) for every matrix but a
+    decisive shape's block outputs (damped by DECISIVE_BLOCK_SCALE), one draw per tensor name, and
+    the successor cycle of seed 0 as it was written (a known answer: the 1B folder's weights are
+    those of every earlier measurement)."""
+    for shape in (SHAPES["tiny"], SHAPES["tiny-decisive"]):
+        for name, size in (t for shard in tensor_shapes(shape) for t in shard):
+            weight = random_tensor(name, size, shape, 0)
+            assert weight.dtype == torch.bfloat16 and weight.shape == size, name
+            if name.endswith("norm.weight"):
+                assert bool((weight == 1).all()), name
+                continue
+            damped = shape.decisive and name.endswith(("o_proj.weight", "down_proj.weight"))
+            std = shape.initializer_range * (DECISIVE_BLOCK_SCALE if damped else 1)
+            assert weight.float().std().item() == pytest.approx(std, rel=0.1), name
+    tiny = SHAPES["tiny"]
+    assert not torch.equal(random_tensor("model.layers.0.mlp.gate_proj.weight", (128, 64), tiny, 0),
+                           random_tensor("model.layers.0.mlp.up_proj.weight", (128, 64), tiny, 0))
+    assert successors(0)[:8].tolist() == [143, 101, 246, 255, 61, 77, 239, 125]
+    assert successors(1)[:4].tolist() == [28, 121, 49, 194]
 
 
 def test_one_seed_gives_identical_files_and_another_seed_different_ones(tmp_path, tiny_dir):

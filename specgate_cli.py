@@ -15,7 +15,7 @@ import time
 
 from engine.errors import SpecgateError
 from fixtures import DRAFTER_DIR, TARGET_DIR
-from gates.argtypes import Parser, device, float_in, folder, int_at_least, int_list, output_file
+from gates.argtypes import Parser, choice_list, device, float_in, folder, int_at_least, int_list, output_file
 from gates.registry import GATES
 
 # Without --max-model-len: the model's max_position_embeddings, capped here so that a long-context
@@ -238,10 +238,10 @@ def _write_json(path, result: dict) -> None:
 
 def cmd_bench_model_decode(args) -> int:
     from engine.bench_decode import decode_report
-    result = decode_report(_bench_model_dir(args), args.device, args.runners.split(","), args.arm, args.concurrency,
+    result = decode_report(_bench_model_dir(args), args.device, list(args.runners), args.arm, args.concurrency,
                            args.prompt_len, args.max_tokens, args.legs, progress=_progress,
-                           attention_backends=tuple(args.attention_backends.split(",")),
-                           compile_modes=tuple(mode == "on" for mode in args.compile.split(",")))
+                           attention_backends=args.attention_backends,
+                           compile_modes=tuple(mode == "on" for mode in args.compile))
     for arm, per_c in result["arms"].items():
         for c, r in per_c.items():
             floor = result["floor"][c]["ms"]
@@ -299,13 +299,13 @@ def add_bench_model_parser(sub) -> None:
         m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64, help="tokens per prompt (BOS + random bytes)")
         m.add_argument("--json", type=output_file, default=None, metavar="FILE")
         if name == "decode":
-            m.add_argument("--runners", choices=["sync", "async", "sync,async", "async,sync"], default="sync,async")
+            m.add_argument("--runners", type=choice_list("sync", "async"), default=("sync", "async"), metavar="R[,R]")
             m.add_argument("--arm", choices=["graph", "eager"], default="graph")
             m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
-            m.add_argument("--attention-backends", choices=["sdpa", "flex", "sdpa,flex"], default="sdpa",
+            m.add_argument("--attention-backends", type=choice_list("sdpa", "flex"), default=("sdpa",), metavar="B[,B]",
                            help="attention backends to time (EngineConfig.attention_backend; flex: CUDA's paged kernel)")
-            m.add_argument("--compile", choices=["off", "on", "off,on"], default="off",
+            m.add_argument("--compile", type=choice_list("off", "on"), default=("off",), metavar="off|on|off,on",
                            help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)
     m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")

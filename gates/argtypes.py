@@ -64,6 +64,19 @@ def int_list(lo: int, hi: int):
     return parse
 
 
+def choice_list(*choices: str):
+    """A comma-separated list of distinct values out of `choices`, in any order (the order given
+    is kept), e.g. --attention-backends flex,sdpa."""
+    def parse(text: str) -> tuple[str, ...]:
+        parts = tuple(p.strip() for p in text.split(","))
+        unknown = [p for p in parts if p not in choices]
+        if unknown or len(set(parts)) != len(parts):
+            raise argparse.ArgumentTypeError(f"expected distinct values out of {', '.join(choices)}, comma-separated, "
+                                             f"got {text!r}")
+        return parts
+    return parse
+
+
 def folder(text: str) -> str:
     """An existing folder (a model or drafter): refused here, before any engine or pytest starts."""
     path = Path(text)

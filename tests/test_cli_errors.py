@@ -52,6 +52,10 @@ def refusal(capsys, argv: list[str]) -> str:
     (["prove", "--timeout", "-5"], ["--timeout"]),
     (["prove", "no-such-defect"], ["no-such-defect"]),
     (["mutate", "--max-children", "0"], ["--max-children"]),
+    (["bench-model", "decode", "--attention-backends", "flash"], ["--attention-backends", "sdpa, flex", "'flash'"]),
+    (["bench-model", "decode", "--attention-backends", "sdpa,sdpa"], ["--attention-backends", "distinct"]),
+    (["bench-model", "decode", "--runners", "sync,"], ["--runners", "'sync,'"]),
+    (["bench-model", "decode", "--compile", "yes"], ["--compile", "off, on"]),
     (["nonsense"], ["nonsense"]),
 ])
 def test_bad_argument_is_one_line_naming_it(capsys, argv, words):
@@ -105,3 +109,11 @@ def test_bench_prints_a_line_per_leg_and_the_paths_it_wrote(capsys, tmp_path):
     report = json.loads(out_json.read_text())
     assert report["figures"]["2"]["fold"]["warm_legs"] == [1] and report["max_model_len"] == 1024
     assert out_png.stat().st_size > 10000
+
+
+def test_comma_lists_take_their_values_in_any_order():
+    """`--attention-backends flex,sdpa` was refused while `sdpa,flex` ran (a device call lost to
+    it): a comma list of choices takes any order and keeps it."""
+    from gates.argtypes import choice_list
+    backends = choice_list("sdpa", "flex")
+    assert backends("flex,sdpa") == ("flex", "sdpa") and backends(" sdpa ") == ("sdpa",)

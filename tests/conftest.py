@@ -2,6 +2,7 @@
 downloads: random weights saved by transformers, and a byte-level BPE tokenizer trained here on a
 slice of the standard library's source. Session-scoped: built once per test run."""
 import json
+import os
 import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
@@ -106,6 +107,19 @@ def llama2_dir(tmp_path_factory, hf_tokenizer_dir) -> Path:
     edit_json(folder / "tokenizer_config.json", add_bos_token=True, add_eos_token=False)
     (folder / "generation_config.json").unlink(missing_ok=True)
     return folder
+
+
+@pytest.fixture(scope="session")
+def cli_env():
+    """`cli_env(**extra)`: the environment for a `python -m specgate_cli` child: ours, with this
+    repository first on PYTHONPATH and the caller's entries kept after it (packages installed with
+    `pip install --target`, as mutmut is on the GPU machine)."""
+    repo = str(Path(__file__).resolve().parent.parent)
+
+    def env(**extra: str) -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+                    **extra)
+    return env
 
 
 @pytest.fixture(scope="session")

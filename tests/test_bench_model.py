@@ -3,7 +3,6 @@ and in transformers with the same greedy tokens, it is sharded, one seed gives o
 and an interrupted write is redone; the decisive 1B weights, in miniature, pick each greedy token by a
 margin far above bf16 rounding."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -163,8 +162,8 @@ def test_the_cache_folder_follows_specgate_cache(monkeypatch, tmp_path):
     assert default_dir("tiny", 0) == Path.home() / ".cache" / "specgate" / "bench-models" / "tiny-seed0"
 
 
-def test_the_command_writes_the_folder_and_prints_it(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), SPECGATE_CACHE=str(tmp_path))
+def test_the_command_writes_the_folder_and_prints_it(tmp_path, cli_env):
+    env = cli_env(SPECGATE_CACHE=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "bench-model", "write", "--shape", "tiny"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -2,7 +2,6 @@
 reason in the report, on a target it was not trained for; the ngram drafter runs everywhere; the
 claims demand the block drafter only where it applies; a gate that ran nothing stays red."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +49,7 @@ def test_the_block_drafter_applies_to_its_own_target_only(target_dir, drafter_di
 
 
 @pytest.mark.slow
-def test_lossless_and_emit_count_are_green_on_a_random_llama3_folder(llama3_dir, tmp_path):
+def test_lossless_and_emit_count_are_green_on_a_random_llama3_folder(llama3_dir, tmp_path, cli_env):
     """`specgate gates run lossless emit-count --model DIR` on a Llama 3-style folder with its own
     tokenizer: the fixture block drafter does not fit it and is skipped with the reason; every
     ngram case runs, and both gates are green. The random model's bfloat16 streams never repeat a
@@ -59,7 +58,7 @@ def test_lossless_and_emit_count_are_green_on_a_random_llama3_folder(llama3_dir,
     report_path = tmp_path / "gates.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "gates", "run", "lossless", "emit-count",
                            "--model", str(llama3_dir), "--json", str(report_path)],
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+                          cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=900)
     report_json = json.loads(report_path.read_text())
     assert report_json["environment"]["model"] == str(llama3_dir)
@@ -100,7 +99,7 @@ def test_an_unasked_max_model_len_fits_a_model_with_fewer_positions(llama3_dir):
 
 
 @pytest.mark.slow
-def test_gates_dtype_reaches_the_engine_and_a_random_folder_is_red_on_the_eos_rule_it_never_saw(tmp_path):
+def test_gates_dtype_reaches_the_engine_and_a_random_folder_is_red_on_the_eos_rule_it_never_saw(tmp_path, cli_env):
     """`gates run emit-count --model DIR --dtype float32` on the tiny random bf16 benchmark folder:
     the engine runs in float32 (the report says so), every token and emit-count check passes, and
     the gate is still red, because this model never emits its EOS id in the workload's greedy
@@ -110,7 +109,7 @@ def test_gates_dtype_reaches_the_engine_and_a_random_folder_is_red_on_the_eos_ru
     report_path = tmp_path / "gates.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "gates", "run", "emit-count", "--model", str(folder),
                            "--dtype", "float32", "--json", str(report_path)],
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+                          cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report_json = json.loads(report_path.read_text())

@@ -331,10 +331,10 @@ def test_drafter_trained_against_another_target_warns_naming_the_checksum(tmp_pa
     assert not record[0].filename.endswith("block_drafter.py")
 
 
-def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_folder(llama3_sharded_dir, tmp_path):
+def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_folder(llama3_sharded_dir, tmp_path,
+                                                                                      cli_env):
     """`specgate bench --measure-load` in a fresh process, as the lead runs it for the 1B shape."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -345,7 +345,7 @@ def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_fol
     out = tmp_path / "load.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--model", str(llama3_sharded_dir),
                            "--measure-load", "--json", str(out)], cwd=repo, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(repo)), timeout=300)
+                          env=cli_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "peak host memory" in proc.stdout
     load = json.loads(out.read_text())["load"]

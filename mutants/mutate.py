@@ -23,7 +23,7 @@ from mutants.mutation_results import cached_verdicts, load_equivalents, matches,
 from mutants.mutation_shard import cuda_only, list_mutants, listing_digest, parse_shard, reviewed_unchanged
 from mutants.mutation_shard import shard as shard_of
 from mutants.mutation_run import changed_functions, git, run_mutmut
-from mutants.mutation_stage import MUTATED_GATES, REPO, SOURCE, STAGING, stage
+from mutants.mutation_stage import CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
@@ -38,7 +38,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         print(f"mutation: 0 mutants (no mutated function changed since {since}); "
               f"baseline test strength {_pct(load_baseline())}")
         return 0
-    reset = stage()
+    staging = CUDA_STAGING if cuda else STAGING
+    reset = stage(staging, CUDA_SUITE if cuda else SUITE)
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
     if since:
@@ -46,7 +47,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         # of it can be skipped: the run names the patterns and needs no listing of every mutant.
         hashes, in_run, not_rerun, to_test = None, None, set(), patterns
     else:
-        hashes = list_mutants()
+        hashes = list_mutants(staging)
         if cuda:
             in_run = [n for n in cuda_only(equivalents) if n in hashes]
         elif shard:
@@ -57,8 +58,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     complete = not (patterns or shard or cuda)
     if hashes is not None:
         # Named mutants are always re-tested by mutmut: name only those without a valid verdict on
-        # a full run (keeping mutmut's cache), every one in the run's scope otherwise.
-        cached_now = valid_cached(hashes) & set(in_run) if complete else set()
+        # a full run or a --cuda-only one (keeping mutmut's cache), every one in the run's scope otherwise.
+        cached_now = valid_cached(hashes, staging) & set(in_run) if complete or cuda else set()
         to_test = [n for n in in_run if n not in not_rerun and n not in cached_now]
         counts = (f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed "
                   f"and not re-run (function unchanged), {len(cached_now)} from the cache")
@@ -67,16 +68,16 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     scope = ("the CUDA-only reviewed mutants" if cuda else f"shard {shard[0]}/{shard[1]}" if shard else
              f"mutants matching {', '.join(only)}" if only else
              f"{len(patterns)} functions changed since {since}" if since else "every function")
-    print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {STAGING.relative_to(REPO)}, "
+    print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {staging.relative_to(REPO)}, "
           f"{max_children} children, {scope}: {counts}", flush=True)
-    cached = cached_verdicts([])
+    cached = cached_verdicts([], staging)
     if to_test:
-        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log",
+        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging,
                         env={"SPECGATE_DEVICE": "cuda"} if cuda else None)
         if rc != 0:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r
-               for r in read_results(patterns if in_run is None else [], equivalents,
+               for r in read_results(patterns if in_run is None else [], equivalents, staging,
                                      names=None if in_run is None else set(in_run))]
     tested = set(to_test) if hashes is not None else {r.name for r in records}
     run = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),

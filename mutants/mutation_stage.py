@@ -46,6 +46,12 @@ PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # and bench checks (tests/test_verify.py's chi-square tests judge the sampler in a fraction of the
 # time), and tests a gate repeats.
 SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.mutation_suite))
+# A --cuda-only run (on the GPU machine) tests mutants the CPU suite could not kill because their
+# code runs on CUDA only; of the suite, only the CUDA test module and the gates (on cuda) run that
+# code differently there. It stages into its own folder, so its stats and verdicts never mix with
+# a CPU run's, and a run stopped part way resumes where it stopped.
+CUDA_STAGING = REPO / "build" / "mutmut-cuda"
+CUDA_SUITE = ("tests/test_cuda_path.py", *SUITE[1:])
 DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution",
               "gates/lossless.py::test_negative_control_lossy_engine_fails_the_distribution_test",
               "gates/predicate_split.py::test_mixed_batches_async_equals_sync",
@@ -59,13 +65,13 @@ TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 8.0, 30.0
 KILLED_EXIT_CODES = (1, 3)  # pytest's exit status for failed tests, and for an internal error
 
 
-def stage(staging: Path = STAGING) -> int:
+def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
     """Copy the suite into `staging`, keeping mutmut's cache (staging/mutants/*.meta, stats).
     mutmut retests a mutant when its function changes, not when the suite does; so when the
     suite changed, every cached verdict but a kill is reset (a stronger suite cannot revive a
     killed mutant; a fresh clone, as in CI, has no cache at all). Returns how many were reset."""
     staging.mkdir(parents=True, exist_ok=True)
-    fingerprint, stamp = suite_fingerprint(), staging / "suite.sha256"
+    fingerprint, stamp = suite_fingerprint(suite), staging / "suite.sha256"
     reset = 0
     if stamp.exists() and stamp.read_text() != fingerprint:
         reset = reset_verdicts(staging, keep=KILLED_EXIT_CODES)
@@ -81,14 +87,14 @@ def stage(staging: Path = STAGING) -> int:
         else:
             shutil.copy2(src, staging / name)
     shutil.copy2(PLUGIN, staging / PLUGIN.name)
-    (staging / "pyproject.toml").write_text(staging_config())
+    (staging / "pyproject.toml").write_text(staging_config(suite))
     stamp.write_text(fingerprint)
     return reset
 
 
-def suite_fingerprint() -> str:
+def suite_fingerprint(suite: tuple[str, ...] = SUITE) -> str:
     """A hash of everything staged but the code under mutation: tests, gates, fixtures, config."""
-    h = hashlib.sha256(staging_config().encode() + PLUGIN.read_bytes())
+    h = hashlib.sha256(staging_config(suite).encode() + PLUGIN.read_bytes())
     for name in STAGED:
         if name == SOURCE:
             continue
@@ -115,7 +121,7 @@ def reset_verdicts(staging: Path, keep: tuple[int, ...]) -> int:
     return reset
 
 
-def staging_config() -> str:
+def staging_config(suite: tuple[str, ...] = SUITE) -> str:
     pytest_ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     also_copy = [n for n in STAGED if n not in (*SOURCES, "tests")] + [PLUGIN.name]
     return "\n".join([
@@ -129,7 +135,7 @@ def staging_config() -> str:
         f"only_mutate = {json.dumps([f'{SOURCE}/*', *MUTATED_GATES])}",
         f"also_copy = {json.dumps(also_copy)}",
         f"pytest_add_cli_args = {json.dumps(list(PYTEST_ARGS))}",
-        f"pytest_add_cli_args_test_selection = {json.dumps(list(SUITE))}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(suite))}",
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
         f"timeout_constant = {TIMEOUT_CONSTANT}",
         "",

@@ -108,6 +108,23 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
     assert [r.status for r in records] == ["killed", "killed"] and meta["cuda_verdicts"] == 1 and meta["complete"]
 
 
+def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
+    """The GPU run's stats and verdicts never mix with a CPU run's; its suite is the CUDA test
+    module and the gates, and every path in it exists."""
+    import tomllib
+
+    from mutants.mutation_stage import CUDA_STAGING, CUDA_SUITE, STAGING, SUITE, stage
+    assert CUDA_STAGING != STAGING and CUDA_STAGING.parent == STAGING.parent
+    assert CUDA_SUITE[0] == "tests/test_cuda_path.py" and set(CUDA_SUITE[1:]) == set(SUITE) - {"tests"}
+    assert all((REPO / path).is_file() for path in CUDA_SUITE) and len(CUDA_SUITE) > 3
+    stage(tmp_path / "cpu")
+    stage(tmp_path / "cuda", CUDA_SUITE)
+    selection = {d: tomllib.loads((tmp_path / d / "pyproject.toml").read_text())["tool"]["mutmut"][
+        "pytest_add_cli_args_test_selection"] for d in ("cpu", "cuda")}
+    assert selection == {"cpu": list(SUITE), "cuda": list(CUDA_SUITE)}
+    assert (tmp_path / "cuda" / "suite.sha256").read_text() != (tmp_path / "cpu" / "suite.sha256").read_text()
+
+
 def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     import argparse
 

@@ -128,7 +128,8 @@ def _failed_run(rc: int, patterns: list[str], log_path: Path) -> int:
 def _report(records, equivalents, run: dict, report_dir: Path) -> tuple[dict, list[str]]:
     """Score the run, ratchet it, write the reports and say what failed: (summary, problems)."""
     wall, from_cache, complete = run["wall_s"], run["from_cache"], run["complete"]
-    stale = stale_equivalents(records, equivalents, complete)
+    judged_on_cuda = frozenset(r.name for r in records) if run.get("mode") == "cuda-only" else frozenset()
+    stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
     tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
     extra = {**run, "wall_s": round(wall, 1), "tested": tested,

@@ -69,11 +69,13 @@ def combine(reports: list[tuple[dict, list[MutantRecord]]]) -> tuple[list[Mutant
 
 def merge(folders: list[Path], report_dir: Path, raise_baseline: bool = False) -> int:
     t0 = time.perf_counter()
-    records, meta = combine([read_report(f) for f in folders])
+    reports = [read_report(f) for f in folders]
+    records, meta = combine(reports)
     equivalents = load_equivalents()
     complete = meta["complete"]
     summary = summarise(records)
-    stale = stale_equivalents(records, equivalents, complete)
+    judged_on_cuda = frozenset(r.name for s, rs in reports if s.get("mode") == "cuda-only" for r in rs)
+    stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
     problems = ratchet(summary, load_baseline(), complete, stale)
     if not complete:
         problems.append(f"incomplete merge: {meta['shards']} shards, {len(records)} of "

@@ -18,10 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mutants.mutation_ratchet import CUDA_ONLY
 from mutants.mutation_results import Equivalent
 from mutants.mutation_stage import SOURCES, STAGING, is_mutated
 
-CUDA_ONLY = "CUDA-only"
 _LIST_SCRIPT = """
 import json, sys
 from pathlib import Path

@@ -108,6 +108,26 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
     assert [r.status for r in records] == ["killed", "killed"] and meta["cuda_verdicts"] == 1 and meta["complete"]
 
 
+def test_a_cuda_only_entry_killed_on_cuda_is_its_verdict_and_any_other_kill_is_stale():
+    from mutants.mutation_ratchet import stale_equivalents
+    from mutants.mutation_report import MutantRecord
+    diff = "--- engine/calc.py\n+++ engine/calc.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
+    eqs = {"gpu": Equivalent("gpu", "return 2", "CUDA-only: the pinned host buffer"),
+           "cpu": Equivalent("cpu", "return 2", "the result is rounded away")}
+
+    def killed(name, mutated="return 2"):
+        return MutantRecord(name=name, path="engine/calc.py", function="f", status="killed",
+                            diff=diff.replace("return 2", mutated))
+    on_cuda = frozenset({"gpu", "cpu"})
+    assert stale_equivalents([killed("gpu")], {"gpu": eqs["gpu"]}, False, on_cuda) == []
+    assert stale_equivalents([killed("gpu")], {"gpu": eqs["gpu"]}, False) == [
+        "gpu: listed as equivalent, but it was killed"]  # killed by a CPU run: it was never CUDA-only
+    assert stale_equivalents([killed("cpu")], {"cpu": eqs["cpu"]}, False, on_cuda) == [
+        "cpu: listed as equivalent, but it was killed"]
+    assert "now mutates `return 3`" in stale_equivalents([killed("gpu", "return 3")], {"gpu": eqs["gpu"]},
+                                                         False, on_cuda)[0]
+
+
 def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
     """The GPU run's stats and verdicts never mix with a CPU run's; its suite is the CUDA test
     module and the gates, and every path in it exists."""

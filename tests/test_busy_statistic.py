@@ -134,3 +134,29 @@ def test_busy_trusts_the_grouping_only_when_replays_became_submissions(graph, su
     from gates.busy import DecodeBusy
     measured = DecodeBusy(0.9, 0.8, submissions, activities, replays)
     assert measured.grouped(graph) is grouped
+
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_an_outlier_is_reported_with_its_leg_value_median_and_distance_rounded_as_documented():
+    from gates.measure import MAD_TO_SIGMA
+    legs = [1.23456, 1.33457, 1.13458, 1.23455, 5.123456]
+    mid = 1.23456
+    scale = MAD_TO_SIGMA * (mid - 1.13458)  # the median absolute deviation
+    (named,) = outliers(legs)
+    assert named == {"leg": 4, "value": 5.1235, "median": 1.2346, "mads": round((5.123456 - mid) / scale, 1)}
+    assert outliers([2.5, 2.5, 2.5, 7.77777]) == [{"leg": 3, "value": 7.7778, "median": 2.5, "mads": "inf"}]
+
+
+def test_the_a_b_reports_name_both_runners_and_round_every_figure_to_4_places():
+    d = ABResult("output_tokens_per_s", 8, True, [100.123456, 101.0, 100.5], [90.654321, 91.0, 90.5]).as_dict()
+    assert d["sync_legs"] == [100.1235, 101.0, 100.5] and d["async_legs"] == [90.6543, 91.0, 90.5]
+    assert d["sync_mean"] == round((100.123456 + 101.0 + 100.5) / 3, 4)
+    assert all(round(d[k], 4) == d[k] for k in ("sync_spread", "async_spread", "noise_floor")) and d["noise_floor"] > 0
+    assert d["result"] == f"async/sync = {d['ratio']:.3f}" and d["ratio"] == pytest.approx(0.9, abs=0.01)
+    p = PairedMedianAB("busy", [0.41234567, 0.42, 0.43, 0.44, 0.45], [0.51234567, 0.52, 0.53, 0.54, 0.56]).as_dict()
+    assert p["sync_legs"][0] == 0.4123 and p["async_legs"][0] == 0.5123
+    assert all(type(v) is float and round(v, 4) == v for v in p["interval"]) and p["interval"][0] < p["interval"][1]

@@ -178,3 +178,84 @@ def test_distribution_test_fails_on_non_uniform_pit_values():
     rng = np.random.default_rng(0)
     assert uniformity_p_value(rng.random(4000)) > P_VALUE_THRESHOLD
     assert uniformity_p_value(rng.random(4000) ** 1.2) < P_VALUE_THRESHOLD
+
+
+def test_each_red_check_names_its_step_request_position_and_both_values(pair):
+    """A red gate's evidence is what a reviewer reads: the whole Difference, for every kind of
+    single-run check, not only that one was found."""
+    from gates.compare import Difference
+    from gates.invariants import width
+    _, async_ = pair
+    late, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.positions.__setitem__(0, r.positions[0] + 1))
+    start = rec.positions[0] - 1
+    assert trace_consistency(late.outputs, late.trace) == Difference(
+        "verify start position", step, rec.request_id, start + 1, start, start + 1)
+    over, step, rec = _doctor(async_, _verify_with_drafts, lambda r: setattr(r, "num_accepted", r.num_draft + 1))
+    assert trace_consistency(over.outputs, over.trace) == Difference(
+        "0 <= num_accepted <= num_draft <= spec width", step, rec.request_id, rec.positions[0],
+        f"<= {rec.num_draft} <= {width(rec)}", rec.num_draft + 1)
+    extra, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.draft_token_ids.append(0))
+    assert trace_consistency(extra.outputs, extra.trace) == Difference(
+        "drafts and sampled tokens traced", step, rec.request_id, rec.positions[0],
+        (rec.num_draft, rec.emit_count), (rec.num_draft + 1, rec.emit_count))
+    seen = set()
+    for s in async_.trace:  # a resumed prefill: a request's second prefill
+        resumed = next((r for r in s.requests if r.is_prefill and r.request_id in seen), None)
+        if resumed:
+            break
+        seen.update(r.request_id for r in s.requests)
+    assert resumed is not None, "the workload preempts and resumes a request"
+    longer, step, rec = _doctor(async_, lambda r: (r.request_id, r.is_prefill, r.input_ids) == (
+        resumed.request_id, True, resumed.input_ids), lambda r: r.input_ids.append(0))
+    assert trace_consistency(longer.outputs, longer.trace) == Difference(
+        "resumed prefill length", step, rec.request_id, 0, len(rec.input_ids) - 1, len(rec.input_ids))
+
+
+def test_a_counter_or_token_count_off_by_one_is_named_at_the_request_s_last_step(pair):
+    from gates.compare import Difference
+    from gates.invariants import real_records
+    _, async_ = pair
+    out = async_.outputs[1]
+    last_step = real_records(async_.trace, async_.outputs)[out.request_id][-1][0]
+    for field in ("num_accepted_tokens", "num_draft_tokens", "verify_steps"):
+        doctored_out = copy.deepcopy(out)
+        setattr(doctored_out.stats, field, getattr(out.stats, field) + 1)
+        doctored = dataclasses.replace(async_, outputs=[async_.outputs[0], doctored_out, *async_.outputs[2:]])
+        assert trace_consistency(doctored.outputs, doctored.trace) == Difference(
+            field, last_step, out.request_id, None, getattr(out.stats, field), getattr(out.stats, field) + 1)
+    short = copy.deepcopy(out)
+    short.token_ids = list(out.token_ids)[:-1]
+    doctored = dataclasses.replace(async_, outputs=[async_.outputs[0], short, *async_.outputs[2:]])
+    assert trace_consistency(doctored.outputs, doctored.trace) == Difference(
+        "completion tokens = sum of emit counts - truncated", last_step, out.request_id, None,
+        len(out.token_ids), len(out.token_ids) - 1)
+
+
+def test_a_request_missing_from_the_trace_is_red_not_a_crash(pair):
+    from gates.compare import Difference
+    _, async_ = pair
+    rid = async_.outputs[0].request_id
+    trace = copy.deepcopy(async_.trace)
+    for s in trace:
+        s.requests = [r for r in s.requests if r.request_id != rid]
+    diff = trace_consistency(async_.outputs, trace)
+    assert diff == Difference("num_prefills", None, rid, None, 0, async_.outputs[0].stats.num_prefills)
+
+
+def test_reason_a_and_greedy_acceptance_name_the_row_s_position_and_values(pair):
+    _, async_ = pair
+    doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.logits_indices.reverse())
+    diff = logits_window_difference(doctored.trace)
+    assert (diff.step, diff.request_id, diff.position) == (step, rec.request_id, rec.positions[0])
+    assert diff.expected == sorted(rec.logits_indices) and diff.actual == rec.logits_indices
+    doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: setattr(r, "num_accepted", r.num_accepted + 1))
+    diff = acceptance_difference(doctored.outputs, doctored.trace, {rec.request_id})
+    assert (diff.what, diff.step, diff.request_id, diff.position, diff.expected, diff.actual) == (
+        "num_accepted (greedy: matching draft prefix)", step, rec.request_id, rec.positions[0],
+        rec.num_accepted - 1, rec.num_accepted)
+
+
+def test_mixed_steps_are_counted_per_refusal_kind(pair):
+    _, async_ = pair
+    counts = mixed_refusals(async_.trace)
+    assert all(type(n) is int and n > 0 for n in counts.values()), counts

@@ -152,10 +152,13 @@ def test_an_outlier_is_reported_with_its_leg_value_median_and_distance_rounded_a
 
 
 def test_the_a_b_reports_name_both_runners_and_round_every_figure_to_4_places():
+    from gates.measure import spread
     d = ABResult("output_tokens_per_s", 8, True, [100.123456, 101.0, 100.5], [90.654321, 91.0, 90.5]).as_dict()
     assert d["sync_legs"] == [100.1235, 101.0, 100.5] and d["async_legs"] == [90.6543, 91.0, 90.5]
     assert d["sync_mean"] == round((100.123456 + 101.0 + 100.5) / 3, 4)
-    assert all(round(d[k], 4) == d[k] for k in ("sync_spread", "async_spread", "noise_floor")) and d["noise_floor"] > 0
+    spreads = spread([100.123456, 101.0, 100.5]), spread([90.654321, 91.0, 90.5])
+    assert (d["sync_spread"], d["async_spread"]) == tuple(round(x, 4) for x in spreads) and 0 < spreads[1] < 0.01
+    assert d["noise_floor"] == round(max(spreads), 4)
     assert d["result"] == f"async/sync = {d['ratio']:.3f}" and d["ratio"] == pytest.approx(0.9, abs=0.01)
     p = PairedMedianAB("busy", [0.41234567, 0.42, 0.43, 0.44, 0.45], [0.51234567, 0.52, 0.53, 0.54, 0.56]).as_dict()
     assert p["sync_legs"][0] == 0.4123 and p["async_legs"][0] == 0.5123

@@ -22,18 +22,29 @@ from mutants.mutation_ratchet import CUDA_ONLY
 from mutants.mutation_results import Equivalent
 from mutants.mutation_stage import SOURCES, STAGING, is_mutated
 
+# Each mutant's function hash, and the first line it changes: the line mutmut's own diff of the
+# mutant adds (mutants/mutation_results.mutated_line), read here from one parse of the mutated file.
 _LIST_SCRIPT = """
-import json, sys
+import ast, difflib, json, sys
 from pathlib import Path
 from mutmut.mutation.file_mutation import mutate_file_contents
 from mutmut.utils.format_utils import get_mutant_name
-out = {}
+hashes, lines = {}, {}
 for path in map(Path, sys.argv[1:]):
     mutated = mutate_file_contents(str(path), path.read_text())
-    hashes = mutated.hash_by_function_name
+    code = mutated.code.splitlines()  # sliced by line numbers: ast.get_source_segment splits the file per call
+    functions = {node.name: "\\n".join(code[node.lineno - 1:node.end_lineno])
+                 for node in ast.walk(ast.parse(mutated.code))
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name}
     for name in mutated.mutant_names:
-        out[get_mutant_name(path, name)] = hashes.get(name.rpartition("__mutmut_")[0], "")
-json.dump(out, sys.stdout)
+        function = name.rpartition("__mutmut_")[0]
+        full = get_mutant_name(path, name)
+        hashes[full] = mutated.hash_by_function_name.get(function, "")
+        orig = functions[function + "__mutmut_orig"].replace(function + "__mutmut_orig", function).splitlines()
+        mutant = functions[name].replace(name, function).splitlines()
+        lines[full] = next((l[1:].strip() for l in difflib.unified_diff(orig, mutant, lineterm="")
+                            if l.startswith("+") and not l.startswith("+++")), "")
+json.dump({"hashes": hashes, "lines": lines}, sys.stdout)
 """
 
 
@@ -51,18 +62,39 @@ def mutated_files(staging: Path) -> list[Path]:
 
 def list_mutants(staging: Path = STAGING) -> dict[str, str]:
     """Every mutant of the staged sources -> its function's hash (mutmut's), in mutmut's naming."""
+    return _listing(staging)["hashes"]
+
+
+def mutated_lines(staging: Path = STAGING) -> dict[str, str]:
+    """Every mutant of the staged sources -> the first line it changes, as the reviewed list names it."""
+    return _listing(staging)["lines"]
+
+
+def _listing(staging: Path) -> dict:
     digest, cache = sources_digest(staging), staging / "mutant-list.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
-        if cached.get("digest") == digest:
-            return cached["mutants"]
+        if cached.get("digest") == digest and "lines" in cached:
+            return cached
     files = [str(p.relative_to(staging)) for p in mutated_files(staging)]
     proc = subprocess.run([sys.executable, "-c", _LIST_SCRIPT, *files], cwd=staging, capture_output=True, text=True)
     if proc.returncode:
         raise ValueError(f"listing the mutants failed: {proc.stderr.strip().splitlines()[-1:]}")
-    mutants = json.loads(proc.stdout)
-    cache.write_text(json.dumps({"digest": digest, "mutants": mutants}))
-    return mutants
+    listing = {"digest": digest, **json.loads(proc.stdout)}
+    cache.write_text(json.dumps(listing))
+    return listing
+
+
+def listed_stale(equivalents: dict[str, Equivalent], lines: dict[str, str]) -> list[str]:
+    """Reviewed entries the listing contradicts, whether or not the run tests them: no such mutant,
+    or it now changes another line (mutmut renumbered the function's mutants)."""
+    problems = []
+    for name, eq in sorted(equivalents.items()):
+        if name not in lines:
+            problems.append(f"{name}: listed as equivalent, but no such mutant")
+        elif lines[name] != eq.mutated:
+            problems.append(f"{name}: listed as equivalent for `{eq.mutated}`, but it now mutates `{lines[name]}`")
+    return problems
 
 
 def order_key(name: str) -> tuple:

@@ -73,6 +73,16 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     assert set(one_run.values()) == {"killed", "survived", "no tests"}
     listing = mutation_shard.list_mutants(make_staging(tmp_path / "listing"))
     assert sorted(listing) == sorted(one_run), "the listing names exactly mutmut's mutants"
+    lines = mutation_shard.mutated_lines(tmp_path / "listing")
+    records = mutation_results.read_results([], {}, single)
+    assert lines == {r.name: mutation_results.mutated_line(r.diff) for r in records}, "the line mutmut's diff adds"
+    eq = {name: Equivalent(name, line, "reviewed") for name, line in lines.items()}
+    assert mutation_shard.listed_stale(eq, lines) == []
+    renumbered, gone = sorted(lines)[0], "engine.calc.x_add__mutmut_999"
+    eq[renumbered], eq[gone] = Equivalent(renumbered, "return a", "reviewed"), Equivalent(gone, "x", "reviewed")
+    assert mutation_shard.listed_stale(eq, lines) == [
+        f"{renumbered}: listed as equivalent for `return a`, but it now mutates `{lines[renumbered]}`",
+        f"{gone}: listed as equivalent, but no such mutant"]
     digest = mutation_shard.listing_digest(listing)
     folders = []
     for index in (1, 2):
@@ -189,3 +199,12 @@ def test_merge_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
     from specgate_cli import main
     assert main(["mutate", "merge", str(tmp_path)]) == 2
     assert "not a mutation report folder" in capsys.readouterr().err
+
+
+def test_a_listed_run_fails_on_an_entry_the_listing_contradicts_even_untested(tmp_path):
+    from mutants.mutate import _report
+    run = {"wall_s": 1.0, "from_cache": 0, "complete": False, "mode": "shard", "shard": "1/2"}
+    stale = "engine.calc.x_add__mutmut_9: listed as equivalent, but no such mutant"
+    _, problems = _report([], {}, run, tmp_path, [stale])
+    assert problems == [stale]
+    assert json.loads((tmp_path / "summary.json").read_text())["stale_equivalents"] == [stale]

@@ -47,8 +47,7 @@ def read_results(patterns: list[str], equivalents: dict[str, Equivalent],
             function, cls = orig_function_and_class_names_from_key(name)
             # From the staging folder mutmut finds its line index of the mutated file (mutants/*.spans)
             # and parses only the two functions; given the source, it parses the whole file per
-            # mutant (about 5 s for engine/runner.py), which made reading a 1,325-mutant shard take
-            # longer than testing it.
+            # mutant (1.9 s a mutant here: about 40 minutes for a shard of 1,325).
             with contextlib.chdir(staging):
                 diff = get_diff_for_mutant(name, path=path)
             status = status_by_exit_code[code]

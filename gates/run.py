@@ -48,6 +48,12 @@ def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None)
     return phases + ([[timed]] if timed else [])
 
 
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this repository first on PYTHONPATH and the caller's entries after it (packages
+    installed with `pip install --target`, as mutmut is on the GPU machine)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+
+
 def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str | None = None,
               deep: bool = False, model: str | None = None, drafter: str | None = None,
               device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False,
@@ -65,7 +71,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
     phases = plan(gates, jobs)
     env = dict(os.environ, HYPOTHESIS_PROFILE="deep" if deep else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = with_repo_on_path(env)
     parallel = any(len(phase) > 1 for phase in phases) or len(phases) > 1
     processes: list[_Process] = []
     with tempfile.TemporaryDirectory(prefix="specgate-gates-") as tmp:

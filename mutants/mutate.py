@@ -20,7 +20,7 @@ from gates.argtypes import int_at_least
 from mutants.mutation_ratchet import baseline_commit, load_baseline, ratchet, stale_equivalents, update_baseline
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
 from mutants.mutation_results import cached_verdicts, load_equivalents, matches, read_results, valid_cached
-from mutants.mutation_shard import (cuda_only, list_mutants, listed_stale, listing_digest, mutated_lines, parse_shard,
+from mutants.mutation_shard import (cuda_only, list_mutants, listing_digest, mutated_lines, parse_shard,
                                     reviewed_unchanged)
 from mutants.mutation_shard import shard as shard_of
 from mutants.mutation_run import changed_functions, git, run_mutmut
@@ -93,8 +93,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
            "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
                              and r.name in cached)}
     # A listed run checks every reviewed entry against the listing, not only those it tested.
-    listed = listed_stale(equivalents, mutated_lines(staging)) if hashes is not None else []
-    summary, problems = _report(records, equivalents, run, report_dir, listed)
+    lines = mutated_lines(staging) if hashes is not None else None
+    summary, problems = _report(records, equivalents, run, report_dir, lines)
     if raise_baseline:
         if not run["complete"] or problems:
             print("mutate: --update-baseline needs a full run without problems", file=sys.stderr)
@@ -128,13 +128,13 @@ def _failed_run(rc: int, patterns: list[str], log_path: Path) -> int:
     return 1
 
 
-def _report(records, equivalents, run: dict, report_dir: Path, listed: list[str] = ()) -> tuple[dict, list[str]]:
+def _report(records, equivalents, run: dict, report_dir: Path,
+            lines: dict[str, str] | None = None) -> tuple[dict, list[str]]:
     """Score the run, ratchet it, write the reports and say what failed: (summary, problems).
-    `listed`: reviewed entries the listing of every mutant contradicts."""
+    `lines`: every mutant's changed line, when the run listed them all."""
     wall, from_cache, complete = run["wall_s"], run["from_cache"], run["complete"]
     judged_on_cuda = frozenset(r.name for r in records) if run.get("mode") == "cuda-only" else frozenset()
-    stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
-    stale += [p for p in listed if p not in stale]
+    stale = stale_equivalents(records, equivalents, complete, judged_on_cuda, lines)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
     tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
     extra = {**run, "wall_s": round(wall, 1), "tested": tested,

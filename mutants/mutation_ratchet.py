@@ -15,23 +15,25 @@ CUDA_ONLY = "CUDA-only"  # how an equivalents entry's reason starts when only a 
 BASELINE = REPO / "mutants" / "mutation-baseline.json"
 
 
-def stale_equivalents(records: list[MutantRecord], equivalents: dict[str, Equivalent],
-                      complete: bool, judged_on_cuda: frozenset[str] = frozenset()) -> list[str]:
+def stale_equivalents(records: list[MutantRecord], equivalents: dict[str, Equivalent], complete: bool,
+                      judged_on_cuda: frozenset[str] = frozenset(), lines: dict[str, str] | None = None) -> list[str]:
     """Reviewed entries that no longer describe a surviving mutant: it is killed now (so it was
-    not equivalent), mutmut renumbered it, or (on a full run) it no longer exists. A CUDA-only
-    entry explains a CPU run's survivor: its kill on CUDA (`judged_on_cuda`) is the verdict it waits for."""
+    not equivalent), mutmut renumbered it, or it no longer exists. With `lines` (each mutant's
+    changed line, from the listing of every mutant) every entry is checked, tested or not; without,
+    only the tested ones (and, on a full run, their existence). A CUDA-only entry explains a CPU
+    run's survivor: its kill on CUDA (`judged_on_cuda`) is the verdict it waits for."""
     by_name = {r.name: r for r in records}
     problems = []
     for name, eq in sorted(equivalents.items()):
         r = by_name.get(name)
-        if r is None:
-            if complete:
+        now = lines.get(name) if lines is not None else mutated_line(r.diff) if r else None
+        if now is None:
+            if complete or lines is not None:
                 problems.append(f"{name}: listed as equivalent, but no such mutant")
-        elif mutated_line(r.diff) != eq.mutated:
-            problems.append(f"{name}: listed as equivalent for `{eq.mutated}`, but it now mutates "
-                            f"`{mutated_line(r.diff)}`")
-        elif r.status != "survived" and not (r.status == "killed" and name in judged_on_cuda
-                                             and eq.reason.startswith(CUDA_ONLY)):
+        elif now != eq.mutated:
+            problems.append(f"{name}: listed as equivalent for `{eq.mutated}`, but it now mutates `{now}`")
+        elif r is not None and r.status != "survived" and not (
+                r.status == "killed" and name in judged_on_cuda and eq.reason.startswith(CUDA_ONLY)):
             problems.append(f"{name}: listed as equivalent, but it was {r.status}")
     return problems
 

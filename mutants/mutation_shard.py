@@ -85,18 +85,6 @@ def _listing(staging: Path) -> dict:
     return listing
 
 
-def listed_stale(equivalents: dict[str, Equivalent], lines: dict[str, str]) -> list[str]:
-    """Reviewed entries the listing contradicts, whether or not the run tests them: no such mutant,
-    or it now changes another line (mutmut renumbered the function's mutants)."""
-    problems = []
-    for name, eq in sorted(equivalents.items()):
-        if name not in lines:
-            problems.append(f"{name}: listed as equivalent, but no such mutant")
-        elif lines[name] != eq.mutated:
-            problems.append(f"{name}: listed as equivalent for `{eq.mutated}`, but it now mutates `{lines[name]}`")
-    return problems
-
-
 def order_key(name: str) -> tuple:
     function, _, number = name.rpartition("__mutmut_")
     return function, int(number) if number.isdigit() else -1, name

@@ -111,15 +111,10 @@ def llama2_dir(tmp_path_factory, hf_tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def cli_env():
-    """`cli_env(**extra)`: the environment for a `python -m specgate_cli` child: ours, with this
-    repository first on PYTHONPATH and the caller's entries kept after it (packages installed with
-    `pip install --target`, as mutmut is on the GPU machine)."""
-    repo = str(Path(__file__).resolve().parent.parent)
-
-    def env(**extra: str) -> dict[str, str]:
-        return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
-                    **extra)
-    return env
+    """`cli_env(**extra)`: the environment for a `python -m specgate_cli` child: ours and `extra`,
+    with this repository first on PYTHONPATH (gates.run.with_repo_on_path)."""
+    from gates.run import with_repo_on_path
+    return lambda **extra: with_repo_on_path(dict(os.environ, **extra))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml  # PyYAML, pinned in requirements-dev.txt
 
-from mutants import mutation_merge, mutation_results, mutation_run, mutation_shard
+from mutants import mutation_merge, mutation_ratchet, mutation_results, mutation_run, mutation_shard
 from mutants.mutation_report import write_reports
 from mutants.mutation_results import Equivalent
 
@@ -77,10 +77,10 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     records = mutation_results.read_results([], {}, single)
     assert lines == {r.name: mutation_results.mutated_line(r.diff) for r in records}, "the line mutmut's diff adds"
     eq = {name: Equivalent(name, line, "reviewed") for name, line in lines.items()}
-    assert mutation_shard.listed_stale(eq, lines) == []
+    assert mutation_ratchet.stale_equivalents([], eq, False, lines=lines) == []
     renumbered, gone = sorted(lines)[0], "engine.calc.x_add__mutmut_999"
     eq[renumbered], eq[gone] = Equivalent(renumbered, "return a", "reviewed"), Equivalent(gone, "x", "reviewed")
-    assert mutation_shard.listed_stale(eq, lines) == [
+    assert mutation_ratchet.stale_equivalents([], eq, False, lines=lines) == [
         f"{renumbered}: listed as equivalent for `return a`, but it now mutates `{lines[renumbered]}`",
         f"{gone}: listed as equivalent, but no such mutant"]
     digest = mutation_shard.listing_digest(listing)
@@ -204,7 +204,9 @@ def test_merge_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
 def test_a_listed_run_fails_on_an_entry_the_listing_contradicts_even_untested(tmp_path):
     from mutants.mutate import _report
     run = {"wall_s": 1.0, "from_cache": 0, "complete": False, "mode": "shard", "shard": "1/2"}
+    eqs = {"engine.calc.x_add__mutmut_9": Equivalent("engine.calc.x_add__mutmut_9", "return a", "reviewed")}
     stale = "engine.calc.x_add__mutmut_9: listed as equivalent, but no such mutant"
-    _, problems = _report([], {}, run, tmp_path, [stale])
+    _, problems = _report([], eqs, run, tmp_path, lines={"engine.calc.x_add__mutmut_1": "return a"})
     assert problems == [stale]
     assert json.loads((tmp_path / "summary.json").read_text())["stale_equivalents"] == [stale]
+    assert _report([], eqs, run, tmp_path / "unlisted")[1] == []  # untested, unlisted: not judged

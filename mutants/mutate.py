@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from gates.argtypes import int_at_least
-from mutants.mutation_ratchet import baseline_commit, load_baseline, ratchet, stale_equivalents, update_baseline
+from mutants.mutation_ratchet import (baseline_commit, baseline_record, load_baseline, ratchet, stale_equivalents,
+                                      update_baseline)
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
 from mutants.mutation_results import cached_verdicts, load_equivalents, matches, read_results, valid_cached
 from mutants.mutation_shard import (cuda_only, list_mutants, listing_digest, mutated_lines, parse_shard,
@@ -36,8 +37,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     report_dir.mkdir(parents=True, exist_ok=True)
     if since and not patterns:
         print(f"mutate: no mutated function ({SOURCE}/, the gates' checks) changed since {since}; nothing to mutate")
+        baseline = load_baseline()
         print(f"mutation: 0 mutants (no mutated function changed since {since}); "
-              f"baseline test strength {_pct(load_baseline())}")
+              f"baseline test strength {baseline.describe() if baseline else 'none'}")
         return 0
     staging = CUDA_STAGING if cuda else STAGING
     reset = stage(staging, CUDA_SUITE if cuda else SUITE)
@@ -94,7 +96,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
                              and r.name in cached)}
     # A listed run checks every reviewed entry against the listing, not only those it tested.
     lines = mutated_lines(staging) if hashes is not None else None
-    summary, problems = _report(records, equivalents, run, report_dir, lines)
+    summary, problems = _report(records, equivalents, run, report_dir, lines, rescoping=raise_baseline)
     if raise_baseline:
         if not run["complete"] or problems:
             print("mutate: --update-baseline needs a full run without problems", file=sys.stderr)
@@ -128,10 +130,11 @@ def _failed_run(rc: int, patterns: list[str], log_path: Path) -> int:
     return 1
 
 
-def _report(records, equivalents, run: dict, report_dir: Path,
-            lines: dict[str, str] | None = None) -> tuple[dict, list[str]]:
+def _report(records, equivalents, run: dict, report_dir: Path, lines: dict[str, str] | None = None,
+            rescoping: bool = False) -> tuple[dict, list[str]]:
     """Score the run, ratchet it, write the reports and say what failed: (summary, problems).
-    `lines`: every mutant's changed line, when the run listed them all."""
+    `lines`: every mutant's changed line, when the run listed them all; `rescoping`: the run
+    updates the baseline, so a baseline of another scope is re-set rather than a failure."""
     wall, from_cache, complete = run["wall_s"], run["from_cache"], run["complete"]
     judged_on_cuda = frozenset(r.name for r in records) if run.get("mode") == "cuda-only" else frozenset()
     stale = stale_equivalents(records, equivalents, complete, judged_on_cuda, lines)
@@ -139,9 +142,10 @@ def _report(records, equivalents, run: dict, report_dir: Path,
     tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
     extra = {**run, "wall_s": round(wall, 1), "tested": tested,
              "mutants_per_minute": round(tested / wall * 60, 1) if wall else None,
-             "baseline_test_strength": load_baseline(), "stale_equivalents": stale}
+             "baseline": baseline_record(), "stale_equivalents": stale}
     summary = summarise(records)
-    problems = ratchet(summary, load_baseline(), complete, stale, defer=run.get("mode") != "run")
+    problems = ratchet(summary, load_baseline(), complete, stale, defer=run.get("mode") != "run",
+                       rescoping=rescoping)
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
     print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
           f"({extra['mutants_per_minute']} per minute), {from_cache} from the cache and "
@@ -150,10 +154,6 @@ def _report(records, equivalents, run: dict, report_dir: Path,
     for p in problems:
         print(f"mutate: FAIL: {p}")
     return summary, problems
-
-
-def _pct(x: float | None) -> str:
-    return "none" if x is None else f"{x:.2%}"
 
 
 def add_mutate_parser(sub) -> None:

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from mutants.mutation_ratchet import load_baseline, ratchet, stale_equivalents, update_baseline
+from mutants.mutation_ratchet import baseline_record, load_baseline, ratchet, stale_equivalents, update_baseline
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
 from mutants.mutation_results import load_equivalents
 from mutants.mutation_stage import REPO
@@ -76,13 +76,13 @@ def merge(folders: list[Path], report_dir: Path, raise_baseline: bool = False) -
     summary = summarise(records)
     judged_on_cuda = frozenset(r.name for s, rs in reports if s.get("mode") == "cuda-only" for r in rs)
     stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
-    problems = ratchet(summary, load_baseline(), complete, stale)
+    problems = ratchet(summary, load_baseline(), complete, stale, rescoping=raise_baseline)
     if not complete:
         problems.append(f"incomplete merge: {meta['shards']} shards, {len(records)} of "
                         f"{meta['mutants_in_scope']} mutants")
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records}) if (REPO / p).is_file()}
     extra = {"command": "specgate mutate merge " + " ".join(str(f) for f in folders), "mode": "merge", **meta,
-             "wall_s": round(time.perf_counter() - t0, 1), "baseline_test_strength": load_baseline(),
+             "wall_s": round(time.perf_counter() - t0, 1), "baseline": baseline_record(),
              "stale_equivalents": stale, "problems": problems}
     write_reports(report_dir, records, sources, extra)
     print(f"mutate merge: {meta['shards']} shards, {len(records)} mutants"

@@ -22,6 +22,8 @@ SOURCE = "engine"  # the engine, mutated whole
 MUTATED_GATES = ("gates/compare.py", "gates/invariants.py", "gates/distribution.py", "gates/measure.py",
                  "gates/acceptance.py")
 SOURCES = (SOURCE, "gates")  # mutmut's source_paths: only SOURCE/ and MUTATED_GATES are mutated there
+# What a run mutates, as mutmut's only_mutate patterns: the scope a baseline's test strength is of.
+SCOPE = (f"{SOURCE}/*", *MUTATED_GATES)
 
 
 def is_mutated(path: str) -> bool:
@@ -135,7 +137,7 @@ def staging_config(suite: tuple[str, ...] = SUITE) -> str:
         "",
         "[tool.mutmut]",
         f"source_paths = {json.dumps(list(SOURCES))}",
-        f"only_mutate = {json.dumps([f'{SOURCE}/*', *MUTATED_GATES])}",
+        f"only_mutate = {json.dumps(list(SCOPE))}",
         f"also_copy = {json.dumps(also_copy)}",
         f"pytest_add_cli_args = {json.dumps(list(PYTEST_ARGS))}",
         f"pytest_add_cli_args_test_selection = {json.dumps(list(suite))}",

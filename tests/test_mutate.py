@@ -152,11 +152,45 @@ def test_timeouts_and_unchecked_mutants_are_run_failures_never_kills():
     assert problems == ["1 timeout", "1 not checked"]
 
 
+def baseline(strength: float, scope=mutation_stage.SCOPE) -> mutation_ratchet.Baseline:
+    return mutation_ratchet.Baseline(test_strength=strength, killed=1, total=2, commit="abc", date="2026-12-01",
+                                     scope=tuple(scope))
+
+
 def test_a_full_run_under_the_baseline_fails_and_at_it_passes():
     summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
     assert summary["test_strength"] == 0.5
-    assert mutation_ratchet.ratchet(summary, 0.5, complete=True, stale=[]) == []
-    assert "under the baseline" in mutation_ratchet.ratchet(summary, 0.6, complete=True, stale=[])[0]
+    assert mutation_ratchet.ratchet(summary, baseline(0.5), complete=True, stale=[]) == []
+    assert "under the baseline" in mutation_ratchet.ratchet(summary, baseline(0.6), complete=True, stale=[])[0]
+
+
+def test_a_baseline_of_another_scope_fails_a_full_run_until_it_is_re_set():
+    """A widened scope (new modules mutated) is measured afresh: the old scope's strength neither
+    passes nor fails it, and only a full run that re-sets the baseline goes through."""
+    summary = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
+    narrow = baseline(0.4, scope=("engine/*",))
+    [problem] = mutation_ratchet.ratchet(summary, narrow, complete=True, stale=[])
+    assert "another scope (40.00% of 2 mutants of engine/* (commit abc))" in problem
+    assert "--update-baseline" in problem
+    assert mutation_ratchet.ratchet(summary, narrow, complete=True, stale=[], rescoping=True) == []
+    assert not any("scope" in p for p in mutation_ratchet.ratchet(summary, narrow, complete=False, stale=[]))
+
+
+def test_the_baseline_is_re_set_for_a_new_scope_and_only_rises_within_one(tmp_path):
+    path = tmp_path / "baseline.json"
+    high = summarise([record(status="killed")])
+    low = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
+    mutation_ratchet.update_baseline(high, "abc", path, scope=("engine/*",))
+    message = mutation_ratchet.update_baseline(low, "def", path)
+    assert message.startswith(f"baseline: re-set for scope {', '.join(mutation_stage.SCOPE)}: test strength 50.00%")
+    assert "was 100.00% of 1 mutants of engine/* (commit abc)" in message
+    loaded = mutation_ratchet.load_baseline(path)
+    assert (loaded.test_strength, loaded.scope, loaded.commit) == (0.5, mutation_stage.SCOPE, "def")
+    with pytest.raises(ValueError, match="only rises"):
+        mutation_ratchet.update_baseline(summarise([record()]), "ghi", path)
+    path.write_text(json.dumps({"test_strength": 0.5, "killed": 1, "total": 2, "commit": "x", "date": "y"}))
+    with pytest.raises(ValueError, match="names no scope"):
+        mutation_ratchet.load_baseline(path)
 
 
 def test_a_since_run_fails_on_an_unexplained_survivor_only():
@@ -171,7 +205,7 @@ def test_the_baseline_only_rises(tmp_path):
     low = summarise([record(status="killed"), record(name="engine.verify.x_f__mutmut_2")])
     high = summarise([record(status="killed")])
     assert "was none" in mutation_ratchet.update_baseline(low, "abc", path)
-    assert mutation_ratchet.load_baseline(path) == 0.5
+    assert mutation_ratchet.load_baseline(path).test_strength == 0.5
     assert "was 50.00%" in mutation_ratchet.update_baseline(high, "def", path)
     with pytest.raises(ValueError, match="only rises"):
         mutation_ratchet.update_baseline(low, "ghi", path)
@@ -198,8 +232,8 @@ def test_the_committed_equivalents_and_baseline_are_well_formed():
     for eq in mutation_results.load_equivalents().values():
         assert eq.name.startswith(("engine.", "gates.")) and "__mutmut_" in eq.name and len(eq.reason) > 10
         assert eq.function_hash is None or len(eq.function_hash) == 12
-    baseline = mutation_ratchet.load_baseline()
-    assert baseline is None or 0 < baseline <= 1
+    committed = mutation_ratchet.load_baseline()
+    assert committed is None or (0 < committed.test_strength <= 1 and committed.scope)
 
 
 @pytest.mark.parametrize("args, message", [

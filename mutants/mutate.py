@@ -25,7 +25,8 @@ from mutants.mutation_shard import (cuda_only, list_mutants, listing_digest, mut
                                     reviewed_unchanged)
 from mutants.mutation_shard import shard as shard_of
 from mutants.mutation_run import changed_functions, git, run_mutmut
-from mutants.mutation_stage import CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage
+from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage,
+                                    suite_fingerprint)
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
@@ -41,8 +42,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         print(f"mutation: 0 mutants (no mutated function changed since {since}); "
               f"baseline test strength {baseline.describe() if baseline else 'none'}")
         return 0
-    staging = CUDA_STAGING if cuda else STAGING
-    reset = stage(staging, CUDA_SUITE if cuda else SUITE)
+    staging, suite = (CUDA_STAGING, CUDA_SUITE) if cuda else (STAGING, SUITE)
+    reset = stage(staging, suite)
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
     if since:
@@ -92,6 +93,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
            "shard": f"{shard[0]}/{shard[1]}" if shard else None,
            "mutants_in_scope": len(hashes) if hashes is not None else None,
            "listing_digest": listing_digest(hashes) if hashes is not None else None,
+           "suite_digest": suite_fingerprint(suite)[:16],
            "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
                              and r.name in cached)}
     # A listed run checks every reviewed entry against the listing, not only those it tested.

@@ -2,9 +2,9 @@
 one score and one ratchet decision, as if one run had tested every mutant.
 
 Each DIR is a `--report` folder of `specgate mutate --shard I/N` or `--cuda-only` (its summary.json
-and records.json). The shards must all come from one listing of the mutants (the same sources) and
-the same N, each index once; together they then hold every mutant exactly once and the merge is a
-complete run (the baseline ratchet applies). A --cuda-only report replaces the CPU verdicts of the
+and records.json). The shards must all come from one listing of the mutants (the same sources), one
+suite (the same tests and configuration) and the same N, each index once; together they then hold
+every mutant exactly once and the merge is a complete run (the baseline ratchet applies). A --cuda-only report replaces the CPU verdicts of the
 mutants it tested: a CUDA-only mutant killed on the GPU is killed (and its reviewed entry goes
 stale, so it is removed from the list).
 """
@@ -43,6 +43,10 @@ def combine(reports: list[tuple[dict, list[MutantRecord]]]) -> tuple[list[Mutant
     if len(counts) != 1 or len(digests) != 1:
         raise ValueError("the shards come from different runs: their N or their list of mutants differ "
                          f"(N {sorted(counts)}, listings {sorted(digests)})")
+    suites = {s.get("suite_digest") for s, _ in shards}
+    if len(suites) != 1:
+        raise ValueError("the shards ran different suites (a test or the configuration changed between them), "
+                         f"so their verdicts are not one run's: suites {sorted(map(str, suites))}")
     count = counts.pop()
     indices = sorted(int(s["shard"].split("/")[0]) for s, _ in shards)
     if len(indices) != len(set(indices)):

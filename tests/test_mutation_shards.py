@@ -102,6 +102,9 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     (other / "summary.json").write_text(json.dumps({**summary, "listing_digest": "elsewhere"}))
     with pytest.raises(ValueError, match="different runs"):
         mutation_merge.combine([mutation_merge.read_report(folders[0]), mutation_merge.read_report(other)])
+    (other / "summary.json").write_text(json.dumps({**summary, "suite_digest": "a stronger suite"}))
+    with pytest.raises(ValueError, match="different suites"):
+        mutation_merge.combine([mutation_merge.read_report(folders[0]), mutation_merge.read_report(other)])
 
 
 def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):

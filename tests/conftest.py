@@ -157,3 +157,14 @@ def scripted_bench():
             mp.setattr(bench, "time", clock)
             return bench.run_bench(ScriptedLLM, workload, concurrencies, legs, warmup_legs, progress=False)
     return run
+
+
+@pytest.fixture(scope="session")
+def refusals_pair(make_llm):
+    """A real sync/async pair with every refusal kind and preemption, ngram k=3 (gates.workloads'
+    MIXED_REFUSALS): the runs the gates' single-run checks and comparisons are doctored from."""
+    from gates.compare import runs_difference
+    from gates.workloads import MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, run_pair
+    sync, async_ = run_pair(make_llm, MIXED_REFUSALS, spec="ngram", num_spec_tokens=3, **MIXED_REFUSALS_ENGINE)
+    assert runs_difference(sync, async_) is None
+    return sync, async_

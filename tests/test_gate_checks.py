@@ -9,15 +9,7 @@ from gates.compare import runs_difference, token_difference
 from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
                               ngram_draft_difference, trace_consistency)
 from gates.measure import UNDER_THE_FLOOR, ABResult, busy_fraction, submission_intervals
-from gates.workloads import MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, params, run_pair
-
-
-@pytest.fixture(scope="module")
-def pair(make_llm):
-    """A real sync/async pair with every refusal kind and preemption, ngram k=3."""
-    sync, async_ = run_pair(make_llm, MIXED_REFUSALS, spec="ngram", num_spec_tokens=3, **MIXED_REFUSALS_ENGINE)
-    assert runs_difference(sync, async_) is None
-    return sync, async_
+from gates.workloads import params
 
 
 def _doctor(run, predicate, change):
@@ -32,8 +24,8 @@ def _verify_with_drafts(rec):
     return not rec.is_prefill and rec.num_draft >= 2 and rec.num_accepted < rec.num_draft and rec.device_fed
 
 
-def test_real_runs_pass_every_single_run_check(pair):
-    for r in pair:
+def test_real_runs_pass_every_single_run_check(refusals_pair):
+    for r in refusals_pair:
         greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload)) if not p.logits_processors}
         assert trace_consistency(r.outputs, r.trace) is None
         assert acceptance_difference(r.outputs, r.trace, greedy) is None
@@ -41,8 +33,8 @@ def test_real_runs_pass_every_single_run_check(pair):
         assert logits_window_difference(r.trace) is None
 
 
-def test_emit_count_goes_red_on_one_changed_emit_count(pair):
-    sync, async_ = pair
+def test_emit_count_goes_red_on_one_changed_emit_count(refusals_pair):
+    sync, async_ = refusals_pair
     doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: setattr(r, "num_accepted", r.num_accepted + 1))
     diff = runs_difference(sync, doctored, fields=("emit_count",))
     assert (diff.what, diff.step, diff.request_id, diff.position) == ("emit_count", step, rec.request_id, rec.positions[0])
@@ -53,8 +45,8 @@ def test_emit_count_goes_red_on_one_changed_emit_count(pair):
     assert (greedy.step, greedy.actual) == (step, rec.num_accepted)
 
 
-def test_emit_count_goes_red_on_a_stale_draft(pair):
-    _, async_ = pair
+def test_emit_count_goes_red_on_a_stale_draft(refusals_pair):
+    _, async_ = refusals_pair
     doctored, step, rec = _doctor(async_, _verify_with_drafts,
                                   lambda r: r.draft_token_ids.__setitem__(0, (r.draft_token_ids[0] + 1) % 256))
     diff = ngram_draft_difference(doctored.outputs, doctored.trace)
@@ -62,8 +54,8 @@ def test_emit_count_goes_red_on_a_stale_draft(pair):
     assert diff.actual == rec.draft_token_ids
 
 
-def test_emit_count_goes_red_when_a_counter_disagrees_with_the_trace(pair):
-    _, async_ = pair
+def test_emit_count_goes_red_when_a_counter_disagrees_with_the_trace(refusals_pair):
+    _, async_ = refusals_pair
     out = copy.deepcopy(async_.outputs[0])
     out.stats.num_draft_tokens += 1
     doctored = dataclasses.replace(async_, outputs=[out] + async_.outputs[1:])
@@ -71,16 +63,16 @@ def test_emit_count_goes_red_when_a_counter_disagrees_with_the_trace(pair):
     assert (diff.what, diff.request_id, diff.actual) == ("num_draft_tokens", out.request_id, out.stats.num_draft_tokens)
 
 
-def test_combine_goes_red_on_one_changed_device_input(pair):
-    sync, async_ = pair
+def test_combine_goes_red_on_one_changed_device_input(refusals_pair):
+    sync, async_ = refusals_pair
     doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.input_ids.__setitem__(1, r.input_ids[1] ^ 1))
     diff = runs_difference(sync, doctored, fields=("device_inputs",))
     assert (diff.what, diff.step, diff.request_id) == ("device_inputs", step, rec.request_id)
     assert diff.actual["input_ids"] == rec.input_ids != diff.expected["input_ids"]
 
 
-def test_reason_a_goes_red_on_a_window_that_falls_back_to_the_query_end(pair):
-    _, async_ = pair
+def test_reason_a_goes_red_on_a_window_that_falls_back_to_the_query_end(refusals_pair):
+    _, async_ = refusals_pair
 
     def fallback(r):
         end = r.query_start + len(r.input_ids)
@@ -91,8 +83,8 @@ def test_reason_a_goes_red_on_a_window_that_falls_back_to_the_query_end(pair):
     assert diff.expected[0] == rec.query_start and diff.actual[0] == rec.query_start + len(rec.input_ids) - 1
 
 
-def test_predicate_split_sees_mixed_steps_and_loses_them_when_nothing_is_device_fed(pair):
-    _, async_ = pair
+def test_predicate_split_sees_mixed_steps_and_loses_them_when_nothing_is_device_fed(refusals_pair):
+    _, async_ = refusals_pair
     assert set(mixed_refusals(async_.trace)) == {"prefill", "resumed", "host_history"}
     trace = copy.deepcopy(async_.trace)
     for step in trace:
@@ -101,8 +93,8 @@ def test_predicate_split_sees_mixed_steps_and_loses_them_when_nothing_is_device_
     assert mixed_refusals(trace) == {}
 
 
-def test_lossless_goes_red_on_one_changed_token(pair):
-    sync, async_ = pair
+def test_lossless_goes_red_on_one_changed_token(refusals_pair):
+    sync, async_ = refusals_pair
     expected = {o.request_id: list(o.token_ids) for o in sync.outputs}
     expected[2][5] ^= 1
     diff = token_difference(expected, async_)
@@ -180,12 +172,12 @@ def test_distribution_test_fails_on_non_uniform_pit_values():
     assert uniformity_p_value(rng.random(4000) ** 1.2) < P_VALUE_THRESHOLD
 
 
-def test_each_red_check_names_its_step_request_position_and_both_values(pair):
+def test_each_red_check_names_its_step_request_position_and_both_values(refusals_pair):
     """A red gate's evidence is what a reviewer reads: the whole Difference, for every kind of
     single-run check, not only that one was found."""
     from gates.compare import Difference
     from gates.invariants import width
-    _, async_ = pair
+    _, async_ = refusals_pair
     late, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.positions.__setitem__(0, r.positions[0] + 1))
     start = rec.positions[0] - 1
     assert trace_consistency(late.outputs, late.trace) == Difference(
@@ -211,10 +203,10 @@ def test_each_red_check_names_its_step_request_position_and_both_values(pair):
         "resumed prefill length", step, rec.request_id, 0, len(rec.input_ids) - 1, len(rec.input_ids))
 
 
-def test_a_counter_or_token_count_off_by_one_is_named_at_the_request_s_last_step(pair):
+def test_a_counter_or_token_count_off_by_one_is_named_at_the_request_s_last_step(refusals_pair):
     from gates.compare import Difference
     from gates.invariants import real_records
-    _, async_ = pair
+    _, async_ = refusals_pair
     out = async_.outputs[1]
     last_step = real_records(async_.trace, async_.outputs)[out.request_id][-1][0]
     for field in ("num_accepted_tokens", "num_draft_tokens", "verify_steps"):
@@ -231,9 +223,9 @@ def test_a_counter_or_token_count_off_by_one_is_named_at_the_request_s_last_step
         len(out.token_ids), len(out.token_ids) - 1)
 
 
-def test_a_request_missing_from_the_trace_is_red_not_a_crash(pair):
+def test_a_request_missing_from_the_trace_is_red_not_a_crash(refusals_pair):
     from gates.compare import Difference
-    _, async_ = pair
+    _, async_ = refusals_pair
     rid = async_.outputs[0].request_id
     trace = copy.deepcopy(async_.trace)
     for s in trace:
@@ -242,8 +234,8 @@ def test_a_request_missing_from_the_trace_is_red_not_a_crash(pair):
     assert diff == Difference("num_prefills", None, rid, None, 0, async_.outputs[0].stats.num_prefills)
 
 
-def test_reason_a_and_greedy_acceptance_name_the_row_s_position_and_values(pair):
-    _, async_ = pair
+def test_reason_a_and_greedy_acceptance_name_the_row_s_position_and_values(refusals_pair):
+    _, async_ = refusals_pair
     doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: r.logits_indices.reverse())
     diff = logits_window_difference(doctored.trace)
     assert (diff.step, diff.request_id, diff.position) == (step, rec.request_id, rec.positions[0])
@@ -255,7 +247,7 @@ def test_reason_a_and_greedy_acceptance_name_the_row_s_position_and_values(pair)
         rec.num_accepted - 1, rec.num_accepted)
 
 
-def test_mixed_steps_are_counted_per_refusal_kind(pair):
-    _, async_ = pair
+def test_mixed_steps_are_counted_per_refusal_kind(refusals_pair):
+    _, async_ = refusals_pair
     counts = mixed_refusals(async_.trace)
     assert all(type(n) is int and n > 0 for n in counts.values()), counts

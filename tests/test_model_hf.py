@@ -92,3 +92,16 @@ def test_dense_logits_match_hf(make_llm, hf_model):
         assert ours.shape == theirs.shape == (1, ids.shape[1], 260)
         torch.testing.assert_close(ours, theirs.float(), atol=1e-4, rtol=1e-4)
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_every_activation_a_config_may_name_is_transformers_own():
+    """`hidden_act` picks the MLP's activation: each name we accept computes exactly what
+    transformers' ACT2FN computes for it (same formula, same rounding), over a range where the
+    tanh approximations and the cubic terms matter, and we know every name transformers knows."""
+    from transformers.activations import ACT2CLS, ACT2FN
+
+    from engine.activations import ACTIVATIONS, TRANSFORMERS_ACTIVATIONS
+    x = torch.linspace(-6.0, 6.0, 1201)
+    for name, fn in ACTIVATIONS.items():
+        assert torch.equal(fn(x), ACT2FN[name](x)), name
+    assert TRANSFORMERS_ACTIVATIONS == set(ACT2CLS)

@@ -254,3 +254,21 @@ def test_graph_buckets_are_powers_of_two_below_the_batch_then_the_batch():
     from engine.step_plan import graph_buckets
     assert [graph_buckets(n) for n in (1, 2, 3, 4, 6, 8)] == [[1], [1, 2], [1, 2, 3], [1, 2, 4], [1, 2, 4, 6],
                                                                [1, 2, 4, 8]]
+
+
+def test_generate_shows_a_progress_bar_of_finished_requests_on_a_terminal(monkeypatch):
+    """use_tqdm: one bar counting finished requests out of all, in requests, on a terminal's
+    stderr; nothing when stderr is a file or a pipe."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    llm, prompts = engine(), ["def main(", "x", "import os\n"]
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        outs = llm.generate(prompts, greedy(max_tokens=3), use_tqdm=True)
+        assert [len(o.token_ids) for o in outs] == [3, 3, 3]
+        final = stream.getvalue().split("\r")[-1]
+        assert (re.search(r"100%\|.*\| 3/3 \[.*(req/s|s/req)\]", final) is not None) == shown, stream.getvalue()

@@ -34,20 +34,19 @@ class ByteTokenizer:
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-# tokenizer_class values whose encoding is tokenizer.json's, adjusted only by add_bos_token /
-# add_eos_token; the Llama classes default add_bos_token to true.
-TOKENIZER_CLASSES = {None: False, "PreTrainedTokenizerFast": False, "TokenizersBackend": False,
-                     "LlamaTokenizerFast": True, "LlamaTokenizer": True}
+# tokenizer_class values whose encoding transformers takes from tokenizer.json as it stands.
+TOKENIZER_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend", "LlamaTokenizerFast", "LlamaTokenizer")
 
 
 class HFTokenizer:
-    """A folder's tokenizer.json through Hugging Face's `tokenizers`, with BOS/EOS handling as
-    transformers applies tokenizer_config.json: an explicit add_bos_token / add_eos_token (or a
-    tokenizer.json without a post-processor) replaces the post-processor by BOS? text EOS?;
-    otherwise tokenizer.json's own post-processor decides. decode drops special tokens."""
+    """A folder's tokenizer.json through Hugging Face's `tokenizers`, encoded as transformers 5
+    encodes it: tokenizer.json's own post-processor adds BOS/EOS (or nothing, without one), and
+    tokenizer_config.json's add_bos_token / add_eos_token are ignored, since transformers drops
+    them whenever a tokenizer.json is present (tests/test_tokenizer_hf.py compares every case with
+    AutoTokenizer). decode drops special tokens."""
 
     def __init__(self, folder: str | os.PathLike):
-        from tokenizers import Tokenizer, processors
+        from tokenizers import Tokenizer
         folder = Path(folder)
         cfg_path = folder / TOKENIZER_CONFIG_FILE
         try:
@@ -61,26 +60,7 @@ class HFTokenizer:
         if cls not in TOKENIZER_CLASSES:
             raise ModelLoadError(f"{cfg_path}: tokenizer_class={cls!r} is not supported "
                                  f"(supported: {', '.join(c for c in TOKENIZER_CLASSES if c)})")
-        self.bos_token = _content(cfg.get("bos_token"))
-        self.eos_token = _content(cfg.get("eos_token"))
-        self.bos_id = self._id(self.bos_token, cfg_path)
-        self.eos_id = self._id(self.eos_token, cfg_path)
-        explicit = "add_bos_token" in cfg or "add_eos_token" in cfg
-        if explicit or self._tok.post_processor is None or TOKENIZER_CLASSES[cls]:
-            add_bos = cfg.get("add_bos_token", TOKENIZER_CLASSES[cls]) and self.bos_token is not None
-            add_eos = cfg.get("add_eos_token", False) and self.eos_token is not None
-            single = " ".join([f"{self.bos_token}:0"] * add_bos + ["$A:0"] + [f"{self.eos_token}:0"] * add_eos)
-            special = [(self.bos_token, self.bos_id)] * add_bos + [(self.eos_token, self.eos_id)] * add_eos
-            self._tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-
-    def _id(self, token: str | None, where) -> int | None:
-        if token is None:
-            return None
-        token_id = self._tok.token_to_id(token)
-        if token_id is None:
-            raise ModelLoadError(f"{where}: special token {token!r} is not in tokenizer.json's vocabulary")
-        return token_id
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         """add_bos=False: the bare text, without the special tokens the post-processor adds."""
@@ -88,10 +68,6 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
-
-
-def _content(token) -> str | None:
-    return token.get("content") if isinstance(token, dict) else token
 
 
 def load_tokenizer(folder: str | os.PathLike) -> "ByteTokenizer | HFTokenizer":

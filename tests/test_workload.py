@@ -46,3 +46,23 @@ def test_token_id_prompts_are_fed_as_they_are(make_llm):
     w = Workload.uniform([[256, 100, 101], "de"], 3)
     outs = llm.generate(w.prompt_list(), w.params(), arrival_steps=w.arrivals())
     assert outs[0].prompt_token_ids == [256, 100, 101] and outs[1].prompt_token_ids == llm.tokenizer.encode("de")
+
+
+EVERY_PART = dict(prompts=("a", (1, 2, 3)), max_tokens=(3, 5), arrival_steps=(0, 2), host_history=(False, True),
+                  temperature=0.5, seeds=(7, None), stop_token_ids=((), (9, 10)), ignore_eos=(True, False))
+# Another value of each part, for the same two requests.
+OTHER_VALUE = dict(prompts=("a", (1, 2, 4)), max_tokens=(3, 6), arrival_steps=(1, 2), host_history=(True, True),
+                   temperature=0.7, seeds=(7, 8), stop_token_ids=((9,), (9, 10)), ignore_eos=(True, True))
+
+
+def test_a_fingerprint_names_every_part_of_a_workload():
+    """Reports name their workload by fingerprint: a change to any one part changes it, the same
+    content gives the same one (token-id prompts as lists or tuples), and a workload with every
+    part set keeps the fingerprint it was first written with, so reports stay comparable."""
+    full = Workload(**EVERY_PART)
+    assert full.fingerprint() == "12a6fe5dfa0a4801" and full.max_tokens_json() == [3, 5]
+    assert Workload(**{**EVERY_PART, "prompts": ("a", [1, 2, 3])}).fingerprint() == full.fingerprint()
+    for part, value in OTHER_VALUE.items():
+        assert Workload(**{**EVERY_PART, part: value}).fingerprint() != full.fingerprint(), part
+    distinct = {Workload(**{**EVERY_PART, part: value}).fingerprint() for part, value in OTHER_VALUE.items()}
+    assert len(distinct) == len(OTHER_VALUE)

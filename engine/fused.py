@@ -108,6 +108,7 @@ class FusedForward:
         self.layers = pack_layers(model)
         self.kernels = kernels
         self.shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head)
+        self.gqa = cfg.num_attention_heads != cfg.num_key_value_heads
         self.eps = cfg.rms_norm_eps
         self.act = cfg.hidden_act
 
@@ -130,4 +131,4 @@ class FusedForward:
         if meta.block_mask is not None:  # flex: a kernel compiled on its own (engine/attention.py)
             return read_cache(q, cache, meta)
         return self.kernels.sdpa_read(q, cache, meta.query_req, meta.query_offset, meta.context_slots,
-                                      meta.attn_mask, meta.max_query_len, self.shape[0] != self.shape[1])
+                                      meta.attn_mask, meta.max_query_len, self.gqa)

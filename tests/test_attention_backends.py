@@ -5,6 +5,8 @@ block tables that are shuffled and padded with the sink block. On the CPU flex_a
 its unfused reference implementation (which applies mask_mod over the whole cache and ignores
 the block list), so one case also runs the compiled CPU kernel, which reads only the listed
 blocks. tests/test_cuda_path.py runs the same comparison with the CUDA kernel."""
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -20,16 +22,22 @@ BLOCK, NUM_BLOCKS, HEAD_DIM = 4, 64, 8
 
 
 def paged_batch(rows, heads, kv_heads, seed, block=BLOCK, num_blocks=NUM_BLOCKS, dtype=torch.float32,
-                device="cpu", head_dim=None):
+                device="cpu", head_dim=None, full_table=False):
     """rows: (query_len, seq_len) per request; the query is the last query_len positions.
     Returns the flattened q, k, v, a random cache (block num_blocks is the sink) and the
-    metadata inputs, with each request's blocks drawn at random from a shuffled pool."""
+    metadata inputs, with each request's blocks drawn at random from a shuffled pool.
+    full_table: the tables are exactly as wide as the longest request's blocks (it is at its
+    context limit), and that request holds block 0."""
     gen = torch.Generator().manual_seed(seed)
-    width = max(-(-seq_len // block) for _, seq_len in rows) + 1
+    width = max(-(-seq_len // block) for _, seq_len in rows) + (0 if full_table else 1)
     pool = torch.randperm(num_blocks, generator=gen).tolist()
+    longest = max(range(len(rows)), key=lambda i: rows[i][1])
     tables, positions, query_lens, seq_lens = [], [], [], []
-    for query_len, seq_len in rows:
+    for i, (query_len, seq_len) in enumerate(rows):
         owned = [pool.pop() for _ in range(-(-seq_len // block))]
+        if full_table and i == longest and 0 not in owned:
+            swap = next(table for table in tables if 0 in table) if 0 not in pool else pool
+            swap[swap.index(0)], owned[-1] = owned[-1], 0
         tables.append(owned + [num_blocks] * (width - len(owned)))
         positions += range(seq_len - query_len, seq_len)
         query_lens.append(query_len)
@@ -69,12 +77,15 @@ def test_flex_equals_the_reference_on_mixed_ragged_batches(rows, gqa, seed):
     heads, kv_heads = gqa
     q, k, v, cache, inputs = paged_batch(rows, heads, kv_heads, seed)
     ref, ref_cache = attend(q, k, v, cache, inputs)
-    out, flex_cache = attend(q, k, v, cache, inputs, flex_kernels("cpu", BLOCK).any_shapes)
+    with warnings.catch_warnings(record=True) as caught:  # the unfused CPU path is meant: no warning each step
+        warnings.simplefilter("always")
+        out, flex_cache = attend(q, k, v, cache, inputs, flex_kernels("cpu", BLOCK).any_shapes)
+    assert not [w for w in caught if "flex_attention" in str(w.message)], [str(w.message) for w in caught]
     assert torch.equal(flex_cache, ref_cache)  # both write the step's K/V at the same slots
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-MIXED = [(7, 7), (1, 22), (4, 13), (1, 1), (5, 30)]  # prefill, decode, verify, a 1-token prompt, a chunk
+MIXED = [(7, 7), (1, 22), (4, 13), (1, 1), (5, 32)]  # prefill, decode, verify, a 1-token prompt, a chunk to a block end
 
 
 def test_flex_mixed_batch_is_really_mixed():
@@ -86,7 +97,11 @@ def test_flex_mixed_batch_is_really_mixed():
 
 
 def test_compiled_cpu_flex_reads_only_the_listed_blocks_and_equals_the_reference():
-    q, k, v, cache, inputs = paged_batch(MIXED, 4, 2, seed=0)
+    """The longest request fills its block table and holds block 0, which also names the mask's
+    unused block-list entries: a block count one too high would read it twice."""
+    q, k, v, cache, inputs = paged_batch(MIXED, 4, 2, seed=0, full_table=True)
+    longest = inputs["block_tables"][max(range(len(MIXED)), key=lambda i: MIXED[i][1])]
+    assert 0 in longest.tolist() and NUM_BLOCKS not in longest.tolist()  # no sink: the table is full
     ref, _ = attend(q, k, v, cache, inputs)
 
     def flex(q, k, v, block_mask, gqa):
@@ -131,7 +146,8 @@ def test_unknown_or_unrunnable_backends_are_refused(kwargs, message):
 
 def test_flex_engine_gives_the_reference_tokens_on_cpu():
     """The fixture target, greedy, ngram spec (k=3), async runner over the graph arm (padded on
-    the CPU): mixed prompts and arrivals give the same tokens under both backends."""
+    the CPU): mixed prompts and arrivals give the same tokens under both backends, and with
+    flex under the fused layers of compile=True."""
     from engine.llm import LLM
     from engine.sampling import SamplingParams
     from fixtures import TARGET_DIR
@@ -145,9 +161,13 @@ def test_flex_engine_gives_the_reference_tokens_on_cpu():
             return kernel(*args)
         return run
 
-    for backend in ("sdpa", "flex"):
+    calls["flex-fused"] = {"fixed_shapes": 0, "any_shapes": 0}
+    for backend in ("sdpa", "flex", "flex-fused"):
         llm = LLM(TARGET_DIR, max_model_len=64, max_num_seqs=3, spec="ngram", num_spec_tokens=3, graph=True,
-                  async_runner=True, trace=True, attention_backend=backend)
+                  async_runner=True, trace=True, attention_backend=backend.removesuffix("-fused"))
+        if backend == "flex-fused":  # compile=True's fused layers, uncompiled: flex reads their cache
+            from engine.fused import FusedForward, eager_kernels
+            llm.runner.forward = FusedForward(llm.runner.model, eager_kernels())
         if llm.runner.flex is not None:
             llm.runner.flex = FlexKernels(*(counted(backend, kind, getattr(llm.runner.flex, kind))
                                             for kind in calls[backend]))
@@ -155,12 +175,13 @@ def test_flex_engine_gives_the_reference_tokens_on_cpu():
                             arrival_steps=[0, 2, 3])
         tokens[backend] = [o.token_ids for o in outs]
         routes[backend] = {t.route for t in llm.trace}
-    assert tokens["flex"] == tokens["sdpa"]
-    assert routes["flex"] >= {"async/graph", "async/eager"}
+    assert tokens["flex"] == tokens["flex-fused"] == tokens["sdpa"]
+    assert routes["flex"] == routes["flex-fused"] >= {"async/graph", "async/eager"}
     # Each engine attended with the backend it was asked for: flex with a graph bucket's kernel in
     # graph steps and the dynamic one in eager steps, sdpa never with flex (the two give the same
     # tokens, so tokens alone cannot tell).
     assert calls["flex"]["fixed_shapes"] > 0 and calls["flex"]["any_shapes"] > 0, calls
+    assert calls["flex-fused"] == calls["flex"], calls
     assert calls["sdpa"] == {"fixed_shapes": 0, "any_shapes": 0}, calls
 
 

@@ -254,3 +254,25 @@ def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
         f"async runner vetoed for speculative decoding (spec={spec}): using the sync runner; pass "
         "--async-runner (specgate generate/bench), set VT_ASYNC_RUNNER=1 or async_runner=True to lift the "
         "veto once `specgate gates verdict` says LIFT"]
+
+
+@pytest.mark.parametrize("scaling, parameters, agree", [
+    ({"type": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, False),
+    ({"type": "linear", "factor": 2.0, "rope_theta": 1e4}, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+     True),
+    ({"rope_theta": 1e4}, {"rope_type": "default", "rope_theta": 1e4}, True),
+    ({"type": "default", "rope_theta": 1e4}, {"rope_theta": 1e4}, True),
+    ({"type": "linear", "factor": 2.0, "rope_theta": 1e4}, {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+     False),
+])
+def test_rope_scaling_and_rope_parameters_must_describe_the_same_rope(scaling, parameters, agree):
+    """transformers 4 spells the rope type `type` and leaves it out for the default rope; a config
+    holding both spellings is read only when they agree, whatever the spelling."""
+    from engine.rope import parse_rope
+    raw = {"rope_scaling": scaling, "rope_parameters": parameters}
+    if agree:
+        theta, _ = parse_rope(raw, "config.json")
+        assert theta == 1e4
+    else:
+        with pytest.raises(ValueError, match=r"config\.json: rope_scaling=.* and rope_parameters=.* disagree"):
+            parse_rope(raw, "config.json")

@@ -194,10 +194,31 @@ def test_generation_config_sampling_defaults_apply_when_no_params_are_given(tmp_
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 50, 5)
 
 
-def test_a_sharded_folder_has_a_checksum_for_reports(llama3_sharded_dir, llama3_dir):
+def test_a_report_names_the_weights_the_loader_reads_by_checksum(llama3_sharded_dir, llama3_dir, drafter_dir,
+                                                                   tmp_path):
+    """The target's checksum is its model.safetensors' (which the loader reads even beside an
+    index) or, sharded, one over the index and every shard, so a change to any shard changes it;
+    the drafter's is its model.safetensors'."""
+    import hashlib
+
     from engine.runtime import model_checksums, weights_sha256
+
+    def sha(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    assert model_checksums(llama3_dir, drafter_dir) == {"target": sha(llama3_dir / "model.safetensors"),
+                                                       "drafter": sha(drafter_dir / "model.safetensors")}
     assert model_checksums(llama3_sharded_dir)["target"] == weights_sha256(llama3_sharded_dir)
     assert weights_sha256(llama3_sharded_dir) != weights_sha256(llama3_dir)
+    both = tmp_path / "both"
+    shutil.copytree(llama3_sharded_dir, both)
+    shutil.copy(llama3_dir / "model.safetensors", both / "model.safetensors")
+    assert weights_sha256(both) == sha(both / "model.safetensors")
+    (both / "model.safetensors").unlink()
+    last = sorted(both.glob("model-*-of-*.safetensors"))[-1]
+    data = bytearray(last.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    last.write_bytes(bytes(data))
+    assert weights_sha256(both) != weights_sha256(llama3_sharded_dir)
 
 
 @pytest.mark.parametrize("damage, message", [

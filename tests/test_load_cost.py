@@ -107,15 +107,15 @@ def test_the_child_loads_in_the_asked_dtype_and_prints_null_for_what_the_platfor
 
 
 def test_the_shard_figures_are_the_count_the_largest_and_the_sum_in_mib(tmp_path):
-    """Three shards of 1, 3 and 2 MiB of tensor data, each with a header of some 100 bytes: the
-    largest is 3.000 MiB, the sum 6.000 MiB (the headers' 300 bytes are 0.0003 MiB)."""
+    """Three shards of 1, 3.25 and 2.5 MiB of tensor data, each with a header of some 100 bytes:
+    the largest is 3.250 MiB, the sum 6.750 MiB (the headers' 300 bytes are 0.0003 MiB)."""
     weight_map = {}
-    for i, mib in enumerate((1, 3, 2)):
+    for i, mib in enumerate((1, 3.25, 2.5)):
         name = f"model-{i + 1:05d}-of-00003.safetensors"
-        save_file({f"t{i}": torch.zeros(mib * 2**20, dtype=torch.uint8)}, str(tmp_path / name))
+        save_file({f"t{i}": torch.zeros(int(mib * 2**20), dtype=torch.uint8)}, str(tmp_path / name))
         weight_map[f"t{i}"] = name
     (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
-    assert shard_figures(tmp_path) == {"num_shards": 3, "largest_shard_mib": 3.0, "files_mib": 6.0}
+    assert shard_figures(tmp_path) == {"num_shards": 3, "largest_shard_mib": 3.25, "files_mib": 6.75}
 
 
 @pytest.fixture

@@ -177,7 +177,7 @@ def write_bench_model(shape_name: str, seed: int = 0, folder: str | os.PathLike 
     if is_complete(folder, shape_name, seed):
         return folder
     _clear(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True)  # _clear left no folder behind
     (folder / "config.json").write_text(json.dumps(config_dict(shape), indent=2) + "\n")
     plan = tensor_shapes(shape)
     weight_map, total_size = {}, 0

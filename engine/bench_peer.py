@@ -7,7 +7,7 @@ max_new_tokens (after one untimed warm-up call each, which compiles), and
 ms per step = (time(long) - time(short)) / (long - short), medians over the repeats. Prefill,
 cache set-up and per-call overhead are in both calls and cancel. Only on CUDA: transformers
 compiles only there, so a CPU figure would be a different peer; on the CPU the report says why
-it did not run (tests call `time_generate` directly, uncompiled, to check the harness).
+it did not run (tests call `peer_figures` on a CPU model, uncompiled, to check the harness).
 """
 import statistics
 import time
@@ -16,7 +16,7 @@ import torch
 
 
 def time_generate(model, prompts: list[list[int]], max_new_tokens: int, max_cache_len: int,
-                  repeats: int = 3) -> tuple[float, list[list[int]]]:
+                  repeats: int) -> tuple[float, list[list[int]]]:
     """Median seconds of one greedy static-cache `generate` over the batch `prompts` (equal
     lengths), after one untimed call; and the tokens it generated."""
     from transformers import GenerationConfig
@@ -52,8 +52,16 @@ def transformers_peer(model_dir, prompts: list[list[int]], concurrencies: list[i
     # `dtype` under another name.
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     model = model.to(device=device, dtype=torch.bfloat16).eval()
+    return {"ran": True, **peer_figures(model, prompts, concurrencies, short, long, repeats, progress)}
+
+
+def peer_figures(model, prompts: list[list[int]], concurrencies: list[int], short: int, long: int, repeats: int,
+                 progress=None) -> dict:
+    """Per concurrency c (the first c prompts), on a loaded model: ms per decode step by the
+    difference of a short and a long `generate`, both into one static cache of the long call's size."""
+    import transformers
     max_cache_len = len(prompts[0]) + long
-    out = {"ran": True, "transformers": transformers.__version__, "dtype": str(model.dtype),
+    out = {"transformers": transformers.__version__, "dtype": str(model.dtype),
            "method": f"(t(max_new_tokens={long}) - t({short})) / {long - short}, medians of {repeats}",
            "per_concurrency": {}}
     for c in concurrencies:
@@ -61,10 +69,14 @@ def transformers_peer(model_dir, prompts: list[list[int]], concurrencies: list[i
         t_long, tokens = time_generate(model, prompts[:c], long, max_cache_len, repeats)
         ms = (t_long - t_short) * 1e3 / (long - short)
         out["per_concurrency"][str(c)] = {"ms_per_step": round(ms, 4), "tokens_per_s": round(c * 1e3 / ms, 2),
-                                          # transformers keeps its compiled forward here once it compiled
-                                          "compiled": getattr(model, "_compiled_call", None) is not None,
+                                          "compiled": is_compiled(model),
                                           "seconds_short": round(t_short, 4), "seconds_long": round(t_long, 4),
                                           "first_tokens": tokens[0][:16]}
         if progress is not None:
             progress(f"transformers c={c}: {ms:.3f} ms per step")
     return out
+
+
+def is_compiled(model) -> bool:
+    """Whether transformers compiled the model's forward: it keeps the compiled call here once it did."""
+    return getattr(model, "_compiled_call", None) is not None

@@ -44,24 +44,32 @@ def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
     while llm.has_unfinished():
         llm.step()
     events = prof.events()
-    out = {"arm": "eager", "steps": steps, "num_reqs": running, "k": llm.config.k}
-    if cuda:
-        device_events = [e for e in events if e.device_type == DeviceType.CUDA]
-        kinds = [device_kind(e) for e in device_events]
-        by_class: dict[str, float] = {}
-        for event, kind in zip(device_events, kinds):
-            if kind == "kernel":
-                name = kernel_class(event.name)
-                by_class[name] = by_class.get(name, 0.0) + event.time_range.elapsed_us() / steps
-        out |= {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
-                "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2),
-                "kernel_us_per_step": {name: round(us, 1) for name, us in sorted(by_class.items(), key=lambda kv: -kv[1])}}
-    else:
-        top = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
-               and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
-        out |= {"counted": "CPU: top-level aten ops (no kernels on the CPU)",
-                "aten_ops_per_step": round(len(top) / steps, 2)}
-    return out
+    return ({"arm": "eager", "steps": steps, "num_reqs": running, "k": llm.config.k}
+            | (count_cuda_events(events, steps) if cuda else count_top_level_ops(events, steps)))
+
+
+def count_cuda_events(events, steps: int) -> dict:
+    """Per step, from a profiled window of `steps` decode steps on CUDA: the kernels, the memory
+    copies and sets, and the kernels' device time by class (largest first)."""
+    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
+    kinds = [device_kind(e) for e in device_events]
+    by_class: dict[str, float] = {}
+    for event, kind in zip(device_events, kinds):
+        if kind == "kernel":
+            name = kernel_class(event.name)
+            by_class[name] = by_class.get(name, 0.0) + event.time_range.elapsed_us() / steps
+    return {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
+            "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2),
+            "kernel_us_per_step": {name: round(us, 1) for name, us in sorted(by_class.items(), key=lambda kv: -kv[1])}}
+
+
+def count_top_level_ops(events, steps: int) -> dict:
+    """Per step, on the CPU: the aten ops the engine's Python dispatched (those not called by
+    another aten op)."""
+    top = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
+           and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    return {"counted": "CPU: top-level aten ops (no kernels on the CPU)",
+            "aten_ops_per_step": round(len(top) / steps, 2)}
 
 
 # Kernel classes by name, first match wins: where a step's GPU time goes.

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from engine.errors import SpecgateError
 
+PROC_STATUS = Path("/proc/self/status")  # Linux's; elsewhere absent
 
-def measure_load_in_child(model_dir: str | os.PathLike, device: str = "cpu", dtype: str | None = None,
-                          timeout: float = 600) -> dict:
-    """The child's measurement (see `child_main`) and the folder's shard sizes."""
-    from engine.loader import weight_files
-    shards = sorted(p.stat().st_size for p in weight_files(model_dir))
+
+def measure_load_in_child(model_dir: str | os.PathLike, device: str, dtype: str | None, timeout: float = 600) -> dict:
+    """The child's measurement (see `child_main`) and the folder's shard sizes (`shard_figures`)."""
+    shards = shard_figures(model_dir)
     request = json.dumps({"model": str(model_dir), "device": device, "dtype": dtype})
     repo = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
@@ -37,17 +37,23 @@ def measure_load_in_child(model_dir: str | os.PathLike, device: str = "cpu", dty
                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no output'}")
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     added = measured["peak_rss_mib"] - measured["peak_rss_mib_before"]
-    return {**measured, "load_added_mib": round(added, 3), "num_shards": len(shards), "largest_shard_mib": round(shards[-1] / 2**20, 3),
-            "files_mib": round(sum(shards) / 2**20, 3), "measured_in": "a fresh child process"}
+    return {**measured, "load_added_mib": round(added, 3), **shards, "measured_in": "a fresh child process"}
+
+
+def shard_figures(model_dir: str | os.PathLike) -> dict:
+    """How many weight files the folder has, the largest and all of them together, in MiB."""
+    from engine.loader import weight_files
+    sizes = sorted(p.stat().st_size for p in weight_files(model_dir))
+    return {"num_shards": len(sizes), "largest_shard_mib": round(sizes[-1] / 2**20, 3),
+            "files_mib": round(sum(sizes) / 2**20, 3)}
 
 
 def memory_mib() -> dict:
     """This process's resident memory now and its high-water mark, in MiB: Linux's
     /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages);
     elsewhere getrusage's mark alone."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+    if PROC_STATUS.is_file():
+        fields = dict(line.split(":", 1) for line in PROC_STATUS.read_text().splitlines() if ":" in line)
         kib = {name: int(fields[name].split()[0]) for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")
                if name in fields}
         return {"peak": kib["VmHWM"] / 1024, "now": kib["VmRSS"] / 1024,
@@ -70,12 +76,13 @@ def child_main(request: str) -> None:
     device = args["device"]
     if device.startswith("cuda"):
         torch.zeros(1, device=device)  # the CUDA context belongs to the baseline, not to the load
+    dtype = DTYPES[args["dtype"]] if args["dtype"] else None
     before = memory_mib()
-    m = measure_load(args["model"], device, DTYPES[args["dtype"]] if args["dtype"] else None)
+    m = measure_load(args["model"], device, dtype)
     touch_seconds = None
     if not device.startswith("cuda"):
         from engine.loader import load_model
-        model = load_model(args["model"], device, DTYPES[args["dtype"]] if args["dtype"] else None)
+        model = load_model(args["model"], device, dtype)
         t0 = time.perf_counter()
         for p in model.parameters():  # page every weight in: the CPU load maps the files lazily
             p.view(-1)[:: max(1, 4096 // p.element_size())].sum()

@@ -94,7 +94,6 @@ class StepPhases:
         self.steps = 0          # steps launched
         self.gpu_ms = 0.0
         self.gpu_steps = 0
-        self._mark = 0.0
 
     def now(self) -> float:
         return time.perf_counter()

@@ -155,7 +155,8 @@ def test_the_command_refuses_oracle_misuse_in_one_line(capsys, argv, words):
 
 def test_bench_runs_the_plain_pass_then_the_oracle_pass(tmp_path, capsys):
     """At tau = k+1 every draft is accepted, so τ is exactly k+1; the oracle legs' tokens are the
-    plain legs'; every leg carries its host phases; --count-kernels adds aten ops per step (CPU)."""
+    plain legs'; every leg carries its host phases; --count-kernels adds aten ops per step (CPU),
+    over its default window of 8 decode steps."""
     import json
 
     from specgate_cli import main
@@ -172,6 +173,8 @@ def test_bench_runs_the_plain_pass_then_the_oracle_pass(tmp_path, capsys):
     for summary in (result["summary"]["2"], result["plain"]["summary"]["2"]):
         assert summary["phases"]["steps"] > 0 and summary["phases"]["gpu_ms_per_step"] is None
     assert result["kernels"]["2"]["aten_ops_per_step"] > 10 and "aten" in result["kernels"]["2"]["counted"]
+    # 12 tokens leave 9 decode steps past the warm-up one: the default window of 8 binds.
+    assert result["kernels"]["2"]["steps"] == 8 and "(eager arm, 8 steps)" in printed
     assert "oracle over plain" in printed and "tokens equal the plain run's" in printed
     assert "host ms/step: plan" in printed and "aten ops" in printed
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG" and result["figures"]["2"]["tau_fold"] == 3.0

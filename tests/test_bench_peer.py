@@ -1,0 +1,77 @@
+"""The transformers peer's harness (engine/bench_peer.py) on the tiny folder on the CPU: every
+figure of its report as a known answer on a stand-in clock, the calls it makes to `generate`
+(one untimed warm-up, then the timed repeats), greedy whatever the folder's generation config
+says, into one static cache of the long call's size."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams, bench_peer
+from engine.bench_model import bench_prompts, write_bench_model
+from engine.bench_peer import is_compiled, peer_figures
+
+transformers = pytest.importorskip("transformers")
+SHORT, LONG = 2, 17
+PER_TOKEN = {1: 3 / 256, 2: 7 / 256}  # stand-in seconds per generated token, by batch size
+SPREAD = [0.0, 1 / 16]                # the timed calls around their median (of 1 here: a second is one too many)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")
+
+
+def instrument(model, monkeypatch) -> tuple[list, list]:
+    """`generate` on a stand-in clock: a warm-up call of each (batch, length) takes 4 s, the
+    i-th timed one 1/8 s + length x PER_TOKEN[batch] + SPREAD[i]; the forward records its cache."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(bench_peer, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    calls, caches = [], []
+    real_generate, real_forward = model.generate, model.forward
+
+    def generate(ids, **kwargs):
+        key = (ids.shape[0], kwargs["max_new_tokens"])
+        index = calls.count(key)
+        calls.append(key)
+        out = real_generate(ids, **kwargs)
+        clock.now += 4.0 if index == 0 else 1 / 8 + key[1] * PER_TOKEN[key[0]] + SPREAD[index - 1]
+        return out
+
+    def forward(*args, **kwargs):
+        cache = kwargs.get("cache")
+        caches.append((type(cache).__name__, cache.get_max_length()))
+        return real_forward(*args, **kwargs)
+    monkeypatch.setattr(model, "generate", generate)
+    monkeypatch.setattr(model, "forward", forward)
+    return calls, caches
+
+
+def test_the_peer_s_report_per_concurrency(tiny_dir, monkeypatch):
+    """c=1: the long call's median 1/8 + 17 x 3/256 s, the short one's 1/8 + 2 x 3/256 s, so a
+    step is 15 x 3/256 s / 15 = 11.71875 ms and 1,000 / 11.71875 = 85.33 tokens/s; c=2 likewise at
+    7/256 s a token. The folder asks for sampling at a high temperature: the peer decodes greedily."""
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    model.generation_config.do_sample, model.generation_config.temperature = True, 50.0
+    calls, caches = instrument(model, monkeypatch)
+    prompts = bench_prompts(2, 8, seed=3)
+    told = []
+    torch.manual_seed(0)
+    got = peer_figures(model, prompts, [1, 2], SHORT, LONG, repeats=1, progress=told.append)
+    greedy = LLM(tiny_dir, dtype="float32", max_model_len=64).generate(
+        prompts[:1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].token_ids
+    assert got == {"transformers": transformers.__version__, "dtype": "torch.float32",
+                   "method": "(t(max_new_tokens=17) - t(2)) / 15, medians of 1",
+                   "per_concurrency": {
+                       "1": {"ms_per_step": 11.7188, "tokens_per_s": 85.33, "compiled": False,
+                             "seconds_short": 0.1484, "seconds_long": 0.3242, "first_tokens": greedy},
+                       "2": {"ms_per_step": 27.3438, "tokens_per_s": 73.14, "compiled": False,
+                             "seconds_short": 0.1797, "seconds_long": 0.5898, "first_tokens": greedy}}}
+    assert calls == [(1, SHORT)] * 2 + [(1, LONG)] * 2 + [(2, SHORT)] * 2 + [(2, LONG)] * 2
+    assert set(caches) == {("StaticCache", len(prompts[0]) + LONG)}
+    assert told == ["transformers c=1: 11.719 ms per step", "transformers c=2: 27.344 ms per step"]
+
+
+def test_compiled_means_transformers_kept_a_compiled_forward():
+    assert not is_compiled(SimpleNamespace()) and not is_compiled(SimpleNamespace(_compiled_call=None))
+    assert is_compiled(SimpleNamespace(_compiled_call=lambda *args: None))

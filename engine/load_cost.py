@@ -29,9 +29,13 @@ def measure_load_in_child(model_dir: str | os.PathLike, device: str, dtype: str 
     request = json.dumps({"model": str(model_dir), "device": device, "dtype": dtype})
     repo = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", "import sys; from engine.load_cost import child_main; "
-                           "child_main(sys.argv[1])", request], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; from engine.load_cost import child_main; "
+                               "child_main(sys.argv[1])", request], capture_output=True, text=True, env=env,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SpecgateError(f"the load measurement's child process did not finish in {timeout:g} s "
+                            f"(loading {model_dir}); it was stopped") from None
     if proc.returncode != 0:
         raise SpecgateError(f"the load measurement's child process failed (exit {proc.returncode}): "
                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no output'}")
@@ -50,14 +54,14 @@ def shard_figures(model_dir: str | os.PathLike) -> dict:
 
 def memory_mib() -> dict:
     """This process's resident memory now and its high-water mark, in MiB: Linux's
-    /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages);
-    elsewhere getrusage's mark alone."""
+    /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages; None
+    for a figure the kernel does not report); elsewhere getrusage's mark alone."""
     if PROC_STATUS.is_file():
         fields = dict(line.split(":", 1) for line in PROC_STATUS.read_text().splitlines() if ":" in line)
         kib = {name: int(fields[name].split()[0]) for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")
                if name in fields}
-        return {"peak": kib["VmHWM"] / 1024, "now": kib["VmRSS"] / 1024,
-                "anon": kib.get("RssAnon", 0) / 1024, "file": kib.get("RssFile", 0) / 1024}
+        mib = {name: kib[name] / 1024 if name in kib else None for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
+        return {"peak": mib["VmHWM"], "now": mib["VmRSS"], "anon": mib["RssAnon"], "file": mib["RssFile"]}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     peak = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
     return {"peak": peak, "now": None, "anon": None, "file": None}
@@ -78,11 +82,9 @@ def child_main(request: str) -> None:
         torch.zeros(1, device=device)  # the CUDA context belongs to the baseline, not to the load
     dtype = DTYPES[args["dtype"]] if args["dtype"] else None
     before = memory_mib()
-    m = measure_load(args["model"], device, dtype)
+    m, model = measure_load(args["model"], device, dtype)
     touch_seconds = None
     if not device.startswith("cuda"):
-        from engine.loader import load_model
-        model = load_model(args["model"], device, dtype)
         t0 = time.perf_counter()
         for p in model.parameters():  # page every weight in: the CPU load maps the files lazily
             p.view(-1)[:: max(1, 4096 // p.element_size())].sum()

@@ -147,8 +147,9 @@ def _peak_rss_mib() -> float:
 
 
 def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
-                 dtype: torch.dtype | None = None) -> LoadMeasurement:
-    """Load time and peak host memory of load_model (issue 17's load numbers for README)."""
+                 dtype: torch.dtype | None = None) -> tuple[LoadMeasurement, torch.nn.Module]:
+    """Load time and peak host memory of load_model (issue 17's load numbers for README), and the
+    model it loaded."""
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -160,7 +161,7 @@ def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
     seconds = time.perf_counter() - t0
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     device_peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
-    return LoadMeasurement(seconds, weights, before, _peak_rss_mib(), device_peak)
+    return LoadMeasurement(seconds, weights, before, _peak_rss_mib(), device_peak), model
 
 
 def save_model(model: torch.nn.Module, config: dict, model_dir: str | os.PathLike) -> None:

@@ -168,3 +168,10 @@ def refusals_pair(make_llm):
     sync, async_ = run_pair(make_llm, MIXED_REFUSALS, spec="ngram", num_spec_tokens=3, **MIXED_REFUSALS_ENGINE)
     assert runs_difference(sync, async_) is None
     return sync, async_
+
+
+@pytest.fixture(scope="session")
+def bench_tiny_dir(tmp_path_factory) -> Path:
+    """The benchmark model's tiny shape, seed 0, as `specgate bench-model write` makes it."""
+    from engine.bench_model import write_bench_model
+    return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")

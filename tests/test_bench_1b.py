@@ -9,18 +9,13 @@ import torch
 
 from engine import LLM
 from engine.bench_decode import mean_context, plain_step_bytes, floor_ms, time_decode
-from engine.bench_model import SHAPES, bench_prompts, config_dict, write_bench_model
+from engine.bench_model import SHAPES, bench_prompts, config_dict
 from engine.bench_peer import time_generate, transformers_peer
 from engine.bench_summary import summarize, table, plot
 from engine.config import ModelConfig
 from engine.loader import load_model
 
 pytestmark = pytest.mark.xdist_group("hf-folders")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")
 
 
 def test_the_floor_of_the_1b_shape_is_issue_18s():
@@ -35,8 +30,8 @@ def test_the_floor_of_the_1b_shape_is_issue_18s():
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_floor_counts_every_loaded_weight_once(tiny_dir, tmp_path, tied):
-    folder = tiny_dir
+def test_the_floor_counts_every_loaded_weight_once(bench_tiny_dir, tmp_path, tied):
+    folder = bench_tiny_dir
     if tied:  # the same shape with a tied head: the head is the embedding table, read once
         raw = {**config_dict(SHAPES["tiny"]), "tie_word_embeddings": True}
         cfg = ModelConfig.from_dict(raw)
@@ -50,8 +45,8 @@ def test_the_floor_counts_every_loaded_weight_once(tiny_dir, tmp_path, tied):
 
 
 @pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
-def test_the_decode_window_counts_every_decoded_token(tiny_dir, async_runner):
-    llm = LLM(tiny_dir, max_model_len=64, max_num_seqs=4, async_runner=async_runner)
+def test_the_decode_window_counts_every_decoded_token(bench_tiny_dir, async_runner):
+    llm = LLM(bench_tiny_dir, max_model_len=64, max_num_seqs=4, async_runner=async_runner)
     prompts = bench_prompts(3, 8)
     leg = time_decode(llm, prompts, max_tokens=12)
     # The first token comes from the prefill; the window holds the other 11 (the async runner's
@@ -63,16 +58,16 @@ def test_the_decode_window_counts_every_decoded_token(tiny_dir, async_runner):
     assert not llm.has_unfinished()
 
 
-def test_the_peer_runs_on_cuda_only_and_its_harness_decodes_what_specgate_decodes(tiny_dir):
+def test_the_peer_runs_on_cuda_only_and_its_harness_decodes_what_specgate_decodes(bench_tiny_dir):
     transformers = pytest.importorskip("transformers")
-    assert transformers_peer(tiny_dir, bench_prompts(1, 8), [1], "cpu") == {
+    assert transformers_peer(bench_tiny_dir, bench_prompts(1, 8), [1], "cpu") == {
         "ran": False, "why": "the peer runs on CUDA only (device cpu): transformers compiles a static-cache "
                              "generate only on a GPU"}
     # The same harness, uncompiled on the CPU in float32: the batch's greedy tokens are specgate's.
     prompts = bench_prompts(2, 10, seed=3)
-    model = transformers.LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(bench_tiny_dir, dtype=torch.float32).eval()
     seconds, tokens = time_generate(model, prompts, max_new_tokens=16, max_cache_len=40, repeats=1)
-    llm = LLM(tiny_dir, dtype="float32", max_model_len=64)
+    llm = LLM(bench_tiny_dir, dtype="float32", max_model_len=64)
     from engine import SamplingParams
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))]
     assert seconds > 0 and tokens == ours
@@ -132,10 +127,10 @@ def test_the_summary_of_a_partial_run_says_what_did_not_run(tmp_path):
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_decode_command_writes_the_floor_and_every_arm(tiny_dir, tmp_path, capsys):
+def test_the_decode_command_writes_the_floor_and_every_arm(bench_tiny_dir, tmp_path, capsys):
     import specgate_cli
     out = tmp_path / "decode.json"
-    assert specgate_cli.main(["bench-model", "decode", "--model", str(tiny_dir), "--concurrency", "1,2",
+    assert specgate_cli.main(["bench-model", "decode", "--model", str(bench_tiny_dir), "--concurrency", "1,2",
                               "--prompt-len", "8", "--max-tokens", "6", "--legs", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["arms"]) == {"graph/sync", "graph/async"} and set(report["floor"]) == {"1", "2"}

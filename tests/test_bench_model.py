@@ -22,11 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("hf-folders")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")
-
-
 def test_the_1b_shape_is_issue_18s_and_both_configs_accept_it():
     transformers = pytest.importorskip("transformers")
     raw = config_dict(SHAPES["llama-1b"])
@@ -40,18 +35,18 @@ def test_the_1b_shape_is_issue_18s_and_both_configs_accept_it():
     assert len(tensor_shapes(SHAPES["llama-1b"])) == 4
 
 
-def test_the_folder_is_sharded_and_complete(tiny_dir):
-    shards = weight_files(tiny_dir)  # the loader's own reading of the index
-    assert (tiny_dir / INDEX_FILE).is_file() and len(shards) == SHAPES["tiny"].num_shards == 2
-    assert json.loads((tiny_dir / MARKER_FILE).read_text())["shape"] == "tiny"
+def test_the_folder_is_sharded_and_complete(bench_tiny_dir):
+    shards = weight_files(bench_tiny_dir)  # the loader's own reading of the index
+    assert (bench_tiny_dir / INDEX_FILE).is_file() and len(shards) == SHAPES["tiny"].num_shards == 2
+    assert json.loads((bench_tiny_dir / MARKER_FILE).read_text())["shape"] == "tiny"
 
 
-def test_specgate_and_transformers_give_the_same_greedy_tokens(tiny_dir):
+def test_specgate_and_transformers_give_the_same_greedy_tokens(bench_tiny_dir):
     transformers = pytest.importorskip("transformers")
     prompts = bench_prompts(4, 12, seed=1) + [[256, 10, 20]]
-    llm = LLM(tiny_dir, dtype="float32", max_model_len=128, max_num_seqs=4)
+    llm = LLM(bench_tiny_dir, dtype="float32", max_model_len=128, max_num_seqs=4)
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))]
-    model = transformers.LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(bench_tiny_dir, dtype=torch.float32).eval()
     theirs = []
     for p in prompts:
         ids = torch.tensor([p])
@@ -74,7 +69,7 @@ def greedy_margins(folder: Path, prompts: list[list[int]]) -> tuple[torch.Tensor
     return logits.argmax(-1), (top[..., 0] - top[..., 1]) / top[..., 0].abs()
 
 
-def test_a_decisive_folder_decodes_its_successor_cycle_far_above_bf16_rounding(tmp_path, tiny_dir):
+def test_a_decisive_folder_decodes_its_successor_cycle_far_above_bf16_rounding(tmp_path, bench_tiny_dir):
     """What the oracle needs on CUDA in bf16: a plain step and a verify step pick the same greedy
     token. bf16 rounds relatively by 2^-8; every margin of a decisive folder is over 60 times that,
     while undamped random weights (the plain tiny folder: the negative control) have margins under it."""
@@ -89,7 +84,7 @@ def test_a_decisive_folder_decodes_its_successor_cycle_far_above_bf16_rounding(t
     prompts = bench_prompts(4, 48, seed=2)
     choice, margin = greedy_margins(folder, prompts)
     assert torch.equal(choice, after[torch.tensor(prompts)[:, 1:]]) and margin.min() > 60 * 2 ** -8
-    assert greedy_margins(tiny_dir, prompts)[1].min() < 2 ** -8
+    assert greedy_margins(bench_tiny_dir, prompts)[1].min() < 2 ** -8
     llm = LLM(folder, dtype="bfloat16", max_model_len=128, max_num_seqs=4)
     for p, out in zip(prompts, llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))):
         stream = [p[-1], *out.token_ids]
@@ -118,18 +113,18 @@ def test_each_tensor_is_drawn_as_its_shape_says():
     assert successors(1)[:4].tolist() == [28, 121, 49, 194]
 
 
-def test_one_seed_gives_identical_files_and_another_seed_different_ones(tmp_path, tiny_dir):
+def test_one_seed_gives_identical_files_and_another_seed_different_ones(tmp_path, bench_tiny_dir):
     again = write_bench_model("tiny", seed=0, folder=tmp_path / "again")
     other = write_bench_model("tiny", seed=1, folder=tmp_path / "other")
-    names = sorted(p.name for p in tiny_dir.iterdir())
+    names = sorted(p.name for p in bench_tiny_dir.iterdir())
     assert names == sorted(p.name for p in again.iterdir())
     for name in names:
-        assert (tiny_dir / name).read_bytes() == (again / name).read_bytes(), name
-    assert (tiny_dir / "model-00001-of-00002.safetensors").read_bytes() != \
+        assert (bench_tiny_dir / name).read_bytes() == (again / name).read_bytes(), name
+    assert (bench_tiny_dir / "model-00001-of-00002.safetensors").read_bytes() != \
         (other / "model-00001-of-00002.safetensors").read_bytes()
 
 
-def test_a_half_written_folder_is_written_again_and_a_complete_one_is_kept(tmp_path, tiny_dir):
+def test_a_half_written_folder_is_written_again_and_a_complete_one_is_kept(tmp_path, bench_tiny_dir):
     folder = write_bench_model("tiny", seed=0, folder=tmp_path / "m")
     shard = folder / "model-00002-of-00002.safetensors"
     stamp = shard.stat().st_mtime_ns
@@ -139,11 +134,11 @@ def test_a_half_written_folder_is_written_again_and_a_complete_one_is_kept(tmp_p
     (folder / INDEX_FILE).unlink()
     shard.write_bytes(shard.read_bytes()[:100])
     write_bench_model("tiny", seed=0, folder=folder)
-    assert shard.read_bytes() == (tiny_dir / shard.name).read_bytes()
+    assert shard.read_bytes() == (bench_tiny_dir / shard.name).read_bytes()
     assert (folder / MARKER_FILE).is_file() and (folder / INDEX_FILE).is_file()
     # A marker for another seed is not this folder: rewritten too.
     write_bench_model("tiny", seed=1, folder=folder)
-    assert shard.read_bytes() != (tiny_dir / shard.name).read_bytes()
+    assert shard.read_bytes() != (bench_tiny_dir / shard.name).read_bytes()
 
 
 def test_a_folder_with_other_files_is_never_cleared(tmp_path):
@@ -189,7 +184,7 @@ def test_bench_with_a_model_shape_writes_the_folder_once_and_benches_it(monkeypa
     assert "give --model or --model-shape, not both" in capsys.readouterr().err
 
 
-def test_measure_load_reports_time_and_peak_host_memory_from_a_child_process(tiny_dir, tmp_path, capsys):
+def test_measure_load_reports_time_and_peak_host_memory_from_a_child_process(bench_tiny_dir, tmp_path, capsys):
     """`specgate bench --measure-load` on the sharded tiny folder: the figures come from a fresh
     child (the parent's own high-water mark, here inflated on purpose, does not leak in), with the
     largest shard beside them for comparison."""
@@ -198,11 +193,11 @@ def test_measure_load_reports_time_and_peak_host_memory_from_a_child_process(tin
     from engine.loader import load_model
     ballast = torch.ones(64 * 2**20, dtype=torch.uint8) + 1  # 64 MiB more in this process's mark only
     out = tmp_path / "load.json"
-    assert specgate_cli.main(["bench", "--model", str(tiny_dir), "--measure-load", "--json", str(out)]) == 0
+    assert specgate_cli.main(["bench", "--model", str(bench_tiny_dir), "--measure-load", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     load = json.loads(out.read_text())["load"]
-    weights = sum(p.numel() * p.element_size() for p in load_model(tiny_dir).parameters()) / 2**20
-    shards = sorted(p.stat().st_size for p in tiny_dir.glob("model-*.safetensors"))
+    weights = sum(p.numel() * p.element_size() for p in load_model(bench_tiny_dir).parameters()) / 2**20
+    shards = sorted(p.stat().st_size for p in bench_tiny_dir.glob("model-*.safetensors"))
     assert load["weights_mib"] == pytest.approx(weights, abs=1e-3)
     assert (load["num_shards"], load["largest_shard_mib"]) == (2, round(shards[-1] / 2**20, 3))
     assert load["seconds"] > 0 and load["touch_seconds"] >= 0 and load["device_peak_mib"] is None

@@ -8,18 +8,13 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, bench_peer
-from engine.bench_model import bench_prompts, write_bench_model
+from engine.bench_model import bench_prompts
 from engine.bench_peer import is_compiled, peer_figures
 
 transformers = pytest.importorskip("transformers")
 SHORT, LONG = 2, 17
 PER_TOKEN = {1: 3 / 256, 2: 7 / 256}  # stand-in seconds per generated token, by batch size
 SPREAD = [0.0, 1 / 16]                # the timed calls around their median (of 1 here: a second is one too many)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")
 
 
 def instrument(model, monkeypatch) -> tuple[list, list]:
@@ -47,18 +42,18 @@ def instrument(model, monkeypatch) -> tuple[list, list]:
     return calls, caches
 
 
-def test_the_peer_s_report_per_concurrency(tiny_dir, monkeypatch):
+def test_the_peer_s_report_per_concurrency(bench_tiny_dir, monkeypatch):
     """c=1: the long call's median 1/8 + 17 x 3/256 s, the short one's 1/8 + 2 x 3/256 s, so a
     step is 15 x 3/256 s / 15 = 11.71875 ms and 1,000 / 11.71875 = 85.33 tokens/s; c=2 likewise at
     7/256 s a token. The folder asks for sampling at a high temperature: the peer decodes greedily."""
-    model = transformers.LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(bench_tiny_dir, dtype=torch.float32).eval()
     model.generation_config.do_sample, model.generation_config.temperature = True, 50.0
     calls, caches = instrument(model, monkeypatch)
     prompts = bench_prompts(2, 8, seed=3)
     told = []
     torch.manual_seed(0)
     got = peer_figures(model, prompts, [1, 2], SHORT, LONG, repeats=1, progress=told.append)
-    greedy = LLM(tiny_dir, dtype="float32", max_model_len=64).generate(
+    greedy = LLM(bench_tiny_dir, dtype="float32", max_model_len=64).generate(
         prompts[:1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].token_ids
     assert got == {"transformers": transformers.__version__, "dtype": "torch.float32",
                    "method": "(t(max_new_tokens=17) - t(2)) / 15, medians of 1",

@@ -354,5 +354,5 @@ def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_fol
     assert load["weights_mib"] == pytest.approx(weights, abs=1e-3)
     assert load["seconds"] > 0 and load["peak_rss_mib"] >= load["peak_rss_mib_before"] > 0
     assert load["device_peak_mib"] is None
-    m = measure_load(llama3_sharded_dir)  # in-process: the same weights, a high-water mark that only grows
+    m, _ = measure_load(llama3_sharded_dir)  # in-process: the same weights, a high-water mark that only grows
     assert m.weights_mib == pytest.approx(weights) and m.peak_rss_mib >= m.peak_rss_mib_before

@@ -109,7 +109,8 @@ def bench_legs(scripted_bench) -> list:
 def test_a_leg_counted_against_the_warm_leg_predicate_is_named_with_its_concurrency(bench_legs):
     workload = Workload.uniform(["p"], 4)
     assert fold_difference(bench_legs, workload, "ngram") is None
-    legs = [dataclasses.replace(leg, warm=False) if (leg.concurrency, leg.index) == (4, 1) else leg for leg in bench_legs]
+    legs = [dataclasses.replace(leg, warm=False) if (leg.concurrency, leg.index) == (4, 1) else leg
+            for leg in bench_legs]
     assert fold_difference(legs, workload, "ngram") == Difference("warm-leg predicate", None, None, 4, True, False)
 
 

@@ -20,8 +20,9 @@ class ScriptedEngine:
 
     def add_request(self, prompt, params):
         self.added.append((prompt, params))
-        self.requests.append(SimpleNamespace(request_id=10 + len(self.requests), output_token_ids=[], is_finished=False))
-        return self.requests[-1]
+        request = SimpleNamespace(request_id=10 + len(self.requests), output_token_ids=[], is_finished=False)
+        self.requests.append(request)
+        return request
 
     def has_unfinished(self):
         return any(not r.is_finished for r in self.requests)

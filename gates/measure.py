@@ -143,7 +143,7 @@ def median(values: list[float]) -> float:
 
 
 def bootstrap_median_interval(values: list[float], resamples: int = RESAMPLES, confidence: float = CONFIDENCE,
-                              seed: int = 0) -> tuple[float, float]:
+                              *, seed: int) -> tuple[float, float]:
     """Percentile bootstrap interval of the median: `resamples` resamples with replacement from a
     generator seeded with `seed`, so the same legs always give the same interval."""
     import random
@@ -192,7 +192,7 @@ class PairedMedianAB:
             raise ValueError(f"{len(self.a)} legs: the median's bootstrap interval needs at least {MIN_LEGS}")
         self.differences = [b - a for a, b in zip(self.a, self.b)]
         self.median_difference = median(self.differences)
-        self.interval = bootstrap_median_interval(self.differences, self.resamples, self.confidence, self.seed)
+        self.interval = bootstrap_median_interval(self.differences, self.resamples, self.confidence, seed=self.seed)
 
     @property
     def result(self) -> str:

@@ -1,0 +1,175 @@
+"""The acceptance gate's checks (gates/acceptance.py) without an engine: a leg's acceptance
+recomputed from a hand-written trace in both oracle engines' units, the comparison with the
+bench's record (and the identity that ties the units together), the warm-leg predicate and the
+drafter's figures of the fold, and traced_legs driving the bench's own run_bench on scripted
+engines."""
+import dataclasses
+
+import pytest
+
+from engine import bench
+from engine.outputs import RequestOutput
+from engine.request import RequestStats
+from engine.trace import RequestTrace, StepTrace
+from engine.workload import Workload
+from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
+from gates.compare import Difference
+
+IDENTITY = "completion = prefills + verify steps + accepted - truncated"
+
+
+def record(rid, start, ids, drafts=(), accepted=0, sampled=(), prefill=False) -> RequestTrace:
+    ids = list(ids)
+    window = [len(ids) - 1] if prefill else list(range(len(ids)))
+    return RequestTrace(rid, prefill, False, None, ids, [start + i for i in range(len(ids))], start + len(ids),
+                        window, 0, list(drafts), len(drafts), accepted, list(sampled))
+
+
+def k1_leg():
+    """k = 1, two requests. Request 0 (max_tokens 2): its draft accepted, the bonus token truncated,
+    then the step the async runner launched past its end. Request 1 (max_tokens 3): its draft
+    rejected, then a step without a draft."""
+    trace = [StepTrace(0, "async/eager", requests=[record(0, 0, [7, 8, 9], sampled=[10], prefill=True),
+                                                   record(1, 0, [5], sampled=[6], prefill=True)]),
+             StepTrace(1, "async/eager", requests=[record(0, 3, [10, 11], [11], 1, [11, 12]),
+                                                   record(1, 1, [6, 3], [3], 0, [6])]),
+             StepTrace(2, "async/eager", requests=[record(0, 5, [12, 1], [1], 0, [2]),
+                                                   record(1, 2, [6, 0], sampled=[4])])]
+    outputs = [RequestOutput(0, None, [7, 8, 9], [10, 11], "", "length", RequestStats(
+                   num_drafts=1, num_draft_tokens=1, num_accepted_tokens=1, verify_steps=1, num_prefills=1,
+                   num_truncated=1, accepted_per_position=[1])),
+               RequestOutput(1, None, [5], [6, 6, 4], "", "length", RequestStats(
+                   num_drafts=1, num_draft_tokens=1, verify_steps=2, num_prefills=1))]
+    return outputs, trace
+
+
+K1_EXPECTED = {"num_requests": 2, "completion_tokens": 5, "verify_steps": 3, "num_drafts": 2, "num_draft_tokens": 2,
+               "num_accepted_tokens": 1, "accepted_per_position": [1], "mean_acceptance_length": 1.5,
+               "acceptance_rate": 0.5, "accept_length": 1.6667, "_prefills": 2, "_truncated": 1}
+
+
+def test_a_leg_s_acceptance_is_recomputed_from_its_real_trace_records_in_both_units():
+    assert expected_acceptance(*k1_leg()) == K1_EXPECTED
+
+
+def test_a_leg_without_verify_steps_has_the_units_empty_values():
+    trace = [StepTrace(0, "sync/eager", requests=[record(0, 0, [7], sampled=[10], prefill=True)])]
+    outputs = [RequestOutput(0, None, [7], [10], "", "length", RequestStats(num_prefills=1))]
+    assert expected_acceptance(outputs, trace) == {
+        "num_requests": 1, "completion_tokens": 1, "verify_steps": 0, "num_drafts": 0, "num_draft_tokens": 0,
+        "num_accepted_tokens": 0, "accepted_per_position": [], "mean_acceptance_length": 1.0, "acceptance_rate": 0.0,
+        "accept_length": 0.0, "_prefills": 1, "_truncated": 0}
+
+
+K2 = {"num_requests": 1, "completion_tokens": 8, "verify_steps": 4, "num_drafts": 3, "num_draft_tokens": 6,
+      "num_accepted_tokens": 3, "accepted_per_position": [2, 1], "mean_acceptance_length": 2.0,
+      "acceptance_rate": 0.5, "accept_length": 2.0, "_prefills": 1, "_truncated": 0}
+
+
+def reported(**changes) -> dict:
+    """What the bench records for the K2 leg: the units' fields, none of the trace-only ones."""
+    return {**{k: v for k, v in K2.items() if not k.startswith("_")}, **changes}
+
+
+def test_the_bench_s_record_may_pad_per_position_counts_with_zeros_but_nothing_else():
+    assert acceptance_difference(3, reported(accepted_per_position=[2, 1, 0, 0]), K2) is None
+    assert acceptance_difference(3, reported(accepted_per_position=[2, 1, 1]), K2) == Difference(
+        "leg acceptance accepted_per_position", 3, None, None, [2, 1], [2, 1, 1])
+    assert acceptance_difference(3, reported(accepted_per_position=[2]), K2) == Difference(
+        "leg acceptance accepted_per_position", 3, None, None, [2, 1], [2])
+
+
+def test_every_field_of_the_record_is_compared_whatever_the_order_of_the_expected_fields():
+    trace_only_first = dict(sorted(K2.items()))   # "_prefills" and "_truncated" sort first
+    for name in reported():
+        value = [9] if name == "accepted_per_position" else -1
+        wrong = reported(**{name: value})
+        want = Difference(f"leg acceptance {name}", 3, None, None, K2[name], value)
+        assert acceptance_difference(3, wrong, K2) == acceptance_difference(3, wrong, trace_only_first) == want
+
+
+def test_a_trace_whose_units_do_not_add_up_is_red_even_when_the_record_matches_it():
+    outputs, trace = k1_leg()
+    trace[2].requests[1].sampled.append(5)   # one token traced that no counter accounts for
+    expected = expected_acceptance(outputs, trace)
+    assert expected == {**K1_EXPECTED, "_truncated": 2}
+    assert acceptance_difference(3, {k: v for k, v in expected.items() if not k.startswith("_")}, expected) == \
+        Difference(IDENTITY, 3, None, None, 5, 4)
+
+
+@pytest.fixture(scope="module")
+def bench_legs(scripted_bench) -> list:
+    """Two concurrencies of three legs, one warm-up leg each, with a drafter's acceptance."""
+    out = RequestOutput(0, None, [1], [2, 2, 2], "", "length", RequestStats(
+        num_drafts=2, num_draft_tokens=3, num_accepted_tokens=1, verify_steps=2, num_prefills=1,
+        accepted_per_position=[1]))
+    return scripted_bench([1, 4], 3, 1, {(c, i): (0.5 + i, [out]) for c in (1, 4) for i in range(3)})
+
+
+def test_a_leg_counted_against_the_warm_leg_predicate_is_named_with_its_concurrency(bench_legs):
+    workload = Workload.uniform(["p"], 4)
+    assert fold_difference(bench_legs, workload, "ngram") is None
+    legs = [dataclasses.replace(leg, warm=False) if (leg.concurrency, leg.index) == (4, 1) else leg
+            for leg in bench_legs]
+    assert fold_difference(legs, workload, "ngram") == Difference("warm-leg predicate", None, None, 4, True, False)
+
+
+def test_the_fold_check_reads_the_drafter_s_figures(bench_legs, monkeypatch):
+    """A bench that plots the folded τ wrong: the figures only a run with a drafter has."""
+    figures = bench.figures
+
+    def wrong_tau(legs, spec):
+        out = figures(legs, spec)
+        for fig in out.values():
+            if "tau_fold" in fig:
+                fig["tau_fold"] += 1
+        return out
+    monkeypatch.setattr(bench, "figures", wrong_tau)
+    assert fold_difference(bench_legs, Workload.uniform(["p"], 4), "ngram") == Difference(
+        "folded figures.1.tau_fold (recomputed from the legs)", None, None, None, 1.5, 2.5)
+
+
+class ScriptedLLM:
+    """What bench.run_leg reads of an LLM; each generate call traces and returns k1_leg()."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.trace = kwargs, [], []
+        self.runner = type("Runner", (), {"is_cuda": False, "step_phases": None})()
+        self.config = type("Config", (), {"spec": kwargs.get("spec")})()
+
+    def generate(self, prompts, params, arrival_steps=None):
+        self.calls.append((prompts, arrival_steps))
+        outputs, trace = k1_leg()
+        self.trace += trace
+        return outputs
+
+
+WORKLOAD = Workload(("a", "b"), (2, 3), arrival_steps=(0, 2))
+
+
+def test_traced_legs_runs_the_bench_s_legs_on_traced_engines_and_keeps_each_leg_s_trace(capsys):
+    engines = []
+
+    def make_llm(**kwargs):
+        engines.append(ScriptedLLM(**kwargs))
+        return engines[-1]
+    legs, expected, traces = traced_legs(make_llm, WORKLOAD, spec="ngram")
+    assert [e.kwargs for e in engines] == [dict(trace=True, max_num_seqs=c, spec="ngram") for c in (1, 4)]
+    assert all(e.calls == [(["a", "b"], [0, 2])] * 3 for e in engines)
+    assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [
+        (c, i, i >= 1) for c in (1, 4) for i in range(3)]
+    assert expected == {(c, i): K1_EXPECTED for c in (1, 4) for i in range(3)}
+    assert traces == {(c, i): k1_leg()[1] for c in (1, 4) for i in range(3)}
+    assert all(acceptance_difference(leg.index, leg.acceptance, K1_EXPECTED) is None for leg in legs)
+    assert capsys.readouterr().err == "", "the bench's progress bar is off in a gate"
+
+
+def test_traced_legs_refuses_a_bench_that_does_not_report_every_leg(monkeypatch):
+    run_bench = bench.run_bench
+
+    def forgetful(*args, on_leg, **kwargs):
+        return run_bench(*args, on_leg=lambda leg: leg.index == 0 or on_leg(leg), **kwargs)
+    monkeypatch.setattr(bench, "run_bench", forgetful)
+    with pytest.raises(AssertionError) as refused:
+        traced_legs(lambda **kwargs: ScriptedLLM(**kwargs), WORKLOAD, spec="ngram")
+    assert str(refused.value).splitlines()[0] == "on_leg did not see every leg once, in order, as it finished"

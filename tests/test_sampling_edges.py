@@ -5,7 +5,7 @@ import torch
 
 from engine import SamplingParams
 from engine.errors import RequestError
-from engine.sampling import MAX_TOP_K, processed_probs
+from engine.sampling import MAX_TOP_K, MIN_TEMPERATURE, processed_probs
 
 PROMPTS = ["def main(", "import os\n", "class A:\n    "]
 
@@ -24,6 +24,8 @@ def test_a_temperature_too_small_to_divide_by_is_greedy(make_llm, temperature):
 
 
 def test_the_smallest_sampled_temperature_gives_finite_probabilities():
+    assert SamplingParams(temperature=MIN_TEMPERATURE).temperature == MIN_TEMPERATURE  # sampled, as vLLM
+    assert SamplingParams(temperature=MIN_TEMPERATURE / 2).temperature == 0.0
     logits = torch.tensor([[30.0, -30.0, 0.0]])
     probs = processed_probs(logits, torch.tensor([1e-5]), torch.tensor([-1]), torch.tensor([1.0]))
     assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
@@ -80,15 +82,30 @@ def test_a_request_failing_inside_the_step_fails_alone(make_llm, async_runner, s
     params = [greedy(), greedy(logits_processors=[FailsOnCall(3)]), greedy()]
     outs = llm.generate(PROMPTS, params)
     assert [o.finish_reason for o in outs] == ["length", "error", "length"]
-    assert "forced failure" in outs[1].error and outs[1].token_ids == expected[1][:2]
+    proc = params[1].logits_processors[0]  # an object without a __name__: named by its repr
+    assert outs[1].error == f"logits processor {proc!r} failed: RuntimeError: forced failure"
+    assert outs[1].token_ids == expected[1][:2]
     assert [outs[0].token_ids, outs[2].token_ids] == [expected[0], expected[2]]
     # The engine keeps serving: the same LLM runs the same batch again, identically.
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == expected
     assert not llm.has_unfinished()
 
 
-def test_a_processor_returning_a_wrong_shape_fails_its_request_alone(make_llm):
+def truncated(ids, row):
+    return row[:3]
+
+
+def listed(ids, row):
+    return row.tolist()
+
+
+@pytest.mark.parametrize("proc, returned", [(truncated, "Tensor torch.Size([3])"), (listed, "list ")])
+def test_a_processor_returning_a_wrong_shape_fails_its_request_alone(make_llm, proc, returned):
+    """The error names the processor, what it returned (its type, and its shape if it has one)
+    and the row it should have returned."""
     llm = make_llm()
-    outs = llm.generate(PROMPTS[:2], [greedy(), greedy(logits_processors=[lambda ids, row: row[:3]])])
-    assert [o.finish_reason for o in outs] == ["length", "error"]
-    assert "not a logits row of shape" in outs[1].error and outs[1].token_ids == []
+    outs = llm.generate(PROMPTS[:2], [greedy(), greedy(logits_processors=[proc])])
+    assert [o.finish_reason for o in outs] == ["length", "error"] and outs[1].token_ids == []
+    vocab = llm.model.config.vocab_size
+    assert outs[1].error == (f"logits processor {proc.__name__!r} failed: TypeError: returned {returned}, "
+                             f"not a logits row of shape ({vocab},)")

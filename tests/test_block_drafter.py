@@ -143,8 +143,38 @@ def test_from_dir_refuses_bad_folder(tmp_path, target_dir, breakage, message):
 
 
 def test_engine_reports_a_bad_drafter_folder(make_llm, tmp_path):
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    with pytest.raises(ModelLoadError) as refused:
         make_llm(spec="block", drafter=str(tmp_path / "absent"))
+    assert str(refused.value) == f"drafter folder {tmp_path / 'absent'} does not exist or is not a folder"
+
+
+def test_a_drafter_that_does_not_fit_its_target_is_told_why(target_dir, tmp_path):
+    """What the gates print when they skip the block drafter: the missing folder, the shape that
+    does not fit (from the drafter's config.json), or the training target's weights, by the first
+    12 hex digits of both checksums. A drafter that names no training target is judged by its
+    shapes alone (the target's weights are not even read)."""
+    from engine.block_drafter import mismatch_with_target
+    from engine.runtime import weights_sha256
+    assert mismatch_with_target(None, target_dir) == "no block drafter folder was given"
+    assert mismatch_with_target(DRAFTER_DIR, target_dir) is None
+    wide = _copy_drafter(tmp_path / "wide")
+    _edit_config(wide, hidden_size=256)
+    assert mismatch_with_target(wide, target_dir) == (
+        f"the block drafter {wide} does not fit the target {target_dir}: {wide / 'config.json'}: drafter "
+        f"hidden_size 256 does not match the target's 192")
+    other = _copy_drafter(tmp_path / "other")
+    _edit_config(other, target_sha256="ab" * 32)
+    assert mismatch_with_target(other, target_dir) == (
+        f"the block drafter {other} was trained for another target (target_sha256 abababababab..., this "
+        f"target's weights {weights_sha256(target_dir)[:12]}...)")
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(target_dir / "config.json", config_only / "config.json")
+    unnamed = _copy_drafter(tmp_path / "unnamed")
+    raw = json.loads((unnamed / "config.json").read_text())
+    del raw["target_sha256"]
+    (unnamed / "config.json").write_text(json.dumps(raw))
+    assert mismatch_with_target(unnamed, config_only) is None
 
 
 def test_more_drafts_than_trained_block_is_refused(make_llm):

@@ -276,3 +276,17 @@ def test_rope_scaling_and_rope_parameters_must_describe_the_same_rope(scaling, p
     else:
         with pytest.raises(ValueError, match=r"config\.json: rope_scaling=.* and rope_parameters=.* disagree"):
             parse_rope(raw, "config.json")
+
+
+@pytest.mark.parametrize("value, accepted", [(None, True), (1, True), (1.0, True), (True, False), (0.5, False)])
+def test_a_refused_feature_is_accepted_only_at_its_neutral_value(value, accepted):
+    """partial_rotary_factor 1 (or 1.0, or null) is a full rotary head; a bool is not a number
+    here, although True == 1 in Python."""
+    from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
+    raw = {"partial_rotary_factor": value}
+    if accepted:
+        check_keys(raw, LLAMA_CONFIG_KEYS, "config.json")
+    else:
+        with pytest.raises(ValueError, match=rf"config\.json: partial_rotary_factor={value!r} is not supported "
+                                             r"\(only a full rotary head is implemented\)"):
+            check_keys(raw, LLAMA_CONFIG_KEYS, "config.json")

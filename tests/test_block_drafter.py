@@ -110,6 +110,7 @@ def _edit_config(folder, **changes):
     ("aux_out_of_range", "aux_layers [4] are outside the target's layers [0, 4)"),
     ("layer_count", "tensors do not match the config"),
     ("fc_shape", "tensor fc.weight has shape"),
+    ("corrupt_weights", "model.safetensors is not a readable safetensors file: "),
 ])
 def test_from_dir_refuses_bad_folder(tmp_path, target_dir, breakage, message):
     folder = _copy_drafter(tmp_path)
@@ -135,6 +136,8 @@ def test_from_dir_refuses_bad_folder(tmp_path, target_dir, breakage, message):
         _edit_config(folder, aux_layers=[1, 2, 4])
     elif breakage == "layer_count":
         _edit_config(folder, num_hidden_layers=3)
+    elif breakage == "corrupt_weights":
+        (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
     elif breakage == "fc_shape":
         _edit_config(folder, aux_layers=[1, 3])  # the checkpoint has three
     target = load_model(target_dir)

@@ -290,3 +290,20 @@ def test_a_refused_feature_is_accepted_only_at_its_neutral_value(value, accepted
         with pytest.raises(ValueError, match=rf"config\.json: partial_rotary_factor={value!r} is not supported "
                                              r"\(only a full rotary head is implemented\)"):
             check_keys(raw, LLAMA_CONFIG_KEYS, "config.json")
+
+
+@pytest.mark.parametrize("factor, message", [
+    (None, "rope_type='linear' needs factor"),
+    (True, "rope factor must be a positive number, got True"),
+    ("2", "rope factor must be a positive number, got '2'"),
+    (float("inf"), "rope factor must be a positive number, got inf"),
+    (0, "rope factor must be a positive number, got 0"),
+    (-2.0, "rope factor must be a positive number, got -2.0"),
+])
+def test_a_rope_parameter_must_be_given_as_a_positive_number(factor, message):
+    from engine.rope import parse_rope
+    rope = {"rope_type": "linear", **({} if factor is None else {"factor": factor})}
+    with pytest.raises(ValueError) as refused:
+        parse_rope({"rope_parameters": rope}, "config.json")
+    assert str(refused.value) == f"config.json: {message}"
+    assert parse_rope({"rope_parameters": {"rope_type": "linear", "factor": 1e-3}}, "config.json")[1] is not None

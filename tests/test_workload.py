@@ -66,3 +66,15 @@ def test_a_fingerprint_names_every_part_of_a_workload():
         assert Workload(**{**EVERY_PART, part: value}).fingerprint() != full.fingerprint(), part
     distinct = {Workload(**{**EVERY_PART, part: value}).fingerprint() for part, value in OTHER_VALUE.items()}
     assert len(distinct) == len(OTHER_VALUE)
+
+
+def test_a_workload_built_from_lists_is_the_frozen_one_built_from_tuples():
+    """Reports and caches key on workloads: lists given for token-id prompts and stop ids are
+    stored as tuples, so the two spellings are equal and hash alike; a workload needs a budget."""
+    listed = Workload(["a", [1, 2, 3]], [3, 5], stop_token_ids=[[9], []])
+    tupled = Workload(("a", (1, 2, 3)), (3, 5), stop_token_ids=((9,), ()))
+    assert listed == tupled and hash(listed) == hash(tupled)
+    assert listed.prompts == ("a", (1, 2, 3)) and listed.stop_token_ids == ((9,), ())
+    with pytest.raises(ValueError) as refused:
+        Workload(("a",), ())
+    assert str(refused.value) == "workload: max_tokens is required per request"

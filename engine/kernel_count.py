@@ -26,11 +26,14 @@ def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
     while llm.scheduler.waiting or any(r.needs_prefill for r in llm.scheduler.running):
         llm.step()
     llm.step()  # one decode step outside the window: the first one's one-time costs
-    # Each step emits at most k+1 tokens per request, and the host learns them a step late.
-    room = min(r.params.max_tokens - len(r.output_token_ids) for r in llm.scheduler.running)
+    # Each step emits at most k+1 tokens per request, and the host learns them a step late; a
+    # request ends at max_tokens or at the context length, whichever comes first.
+    room = min(min(r.params.max_tokens - len(r.output_token_ids), llm.config.max_model_len - r.num_tokens)
+               for r in llm.scheduler.running)
     steps = min(max_steps, room // (llm.config.k + 1) - 2)
     if steps < 1:
-        raise ValueError(f"the workload leaves no decode step to profile (max_tokens too small: {room} left)")
+        raise ValueError(f"the workload leaves no decode step to profile ({room} tokens left before max_tokens "
+                         f"or the context length)")
     cuda = llm.runner.is_cuda
     if cuda:
         torch.cuda.synchronize()  # the window holds only the work its steps launch

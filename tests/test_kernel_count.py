@@ -33,7 +33,8 @@ def test_refuses_the_graph_arm_a_busy_engine_and_a_workload_too_short(make_llm):
     with pytest.raises(ValueError, match="^count_kernels needs an idle engine$"):
         count_kernels(busy, Workload.uniform([[5, 6]], max_tokens=40))
     with pytest.raises(ValueError, match=re.escape(
-            "the workload leaves no decode step to profile (max_tokens too small: 2 left)") + "$"):
+            "the workload leaves no decode step to profile (2 tokens left before max_tokens or the context "
+            "length)") + "$"):
         count_kernels(make_llm(), Workload.uniform([[5, 6]], max_tokens=3))
 
 
@@ -54,12 +55,16 @@ def test_the_shortest_window_is_one_decode_step_and_it_decodes_past_eos(make_llm
                    "counted": "CPU: top-level aten ops (no kernels on the CPU)"}
 
 
-def test_a_request_ending_inside_the_window_is_refused(make_llm):
-    """max_tokens leaves room, but max_model_len cuts the request (finish reason "context")
-    inside the window, with no request waiting: the counts would not be of a full batch."""
-    llm = make_llm(max_model_len=4)
-    with pytest.raises(RuntimeError, match="^a request was preempted or finished inside the profiled decode window$"):
-        count_kernels(llm, Workload.uniform([[5, 6]], max_tokens=40), max_steps=2)
+def test_the_context_length_bounds_the_window_as_max_tokens_does(make_llm):
+    """max_tokens leaves room, but max_model_len would cut the request (finish reason "context"):
+    the window shrinks to the steps the context allows, or is refused when it allows none,
+    rather than profiling a batch a request leaves."""
+    got = count_kernels(make_llm(max_model_len=10), Workload.uniform([[5, 6]], max_tokens=40))
+    assert (got["steps"], got["num_reqs"]) == (5, 1)  # 7 positions left past the 3 tokens known, less 2 steps
+    with pytest.raises(ValueError, match=re.escape(
+            "the workload leaves no decode step to profile (1 tokens left before max_tokens or the context "
+            "length)") + "$"):
+        count_kernels(make_llm(max_model_len=4), Workload.uniform([[5, 6]], max_tokens=40), max_steps=2)
 
 
 def cuda_event(name: str, us: float, activity: str = "kernel") -> SimpleNamespace:

@@ -222,7 +222,8 @@ class BlockProposer:
         expected = drafter.config.target_sha256
         if expected and target_weights.is_file() and file_sha256(target_weights) != expected:
             warnings.warn(f"block drafter {drafter_dir} was trained against a different target "
-                          f"(target_sha256 {expected[:12]}...); output stays exact, acceptance will be low")
+                          f"(target_sha256 {expected[:12]}...); output stays exact, acceptance will be low",
+                          stacklevel=2)
         return cls(drafter, target_model, cfg)
 
     @torch.inference_mode()

@@ -104,4 +104,8 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:
     bad = [e for e in entries if not (e.get("name") and e.get("mutated") is not None and e.get("reason"))]
     if bad:
         raise ValueError(f"{path.name}: every [[mutant]] needs name, mutated and reason; not {bad[0]}")
+    names = [e["name"] for e in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{path.name}: a mutant is reviewed once; listed more than once: {', '.join(twice)}")
     return {e["name"]: Equivalent(e["name"], e["mutated"], e["reason"], e.get("function_hash")) for e in entries}

@@ -96,6 +96,10 @@ def test_equivalents_need_a_reason_and_go_stale_when_the_mutant_changes(tmp_path
         mutation_results.load_equivalents(path)
     path.write_text(path.read_text() + 'reason = "b is always 0 here"\n')
     eqs = mutation_results.load_equivalents(path)
+    twice = tmp_path / "twice.toml"
+    twice.write_text(path.read_text() * 2)
+    with pytest.raises(ValueError, match="listed more than once: engine.verify.x_f__mutmut_1"):
+        mutation_results.load_equivalents(twice)
     assert mutation_ratchet.stale_equivalents([record()], eqs, complete=True) == []
     renumbered = record(diff=DIFF.replace("a - b", "a * b"))
     killed = record(status="killed")

@@ -31,15 +31,14 @@ class Leg:
     phases: dict | None = None   # host time per step by phase, GPU time per step (metrics.StepPhases)
 
 
-def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_tokens: int = 64,
+def heldout_workload(corpus, num_prompts: int, prompt_bytes: int = 160, *, max_tokens: int,
                      temperature: float = 0.0) -> Workload:
     """Prompts cut at a line start inside the corpus's held-out files (never trained on); `corpus`:
     fixtures.corpus.load_corpus(), handed in by the caller."""
     prompts = []
     for rel in corpus.heldout_files:
         text = corpus.read(rel).decode("utf-8", errors="replace")
-        start = text.find("\ndef ")
-        start = start + 1 if start >= 0 else 0
+        start = text.find("\ndef ") + 1  # no def: -1 + 1, the file's start
         snippet = text[start:start + prompt_bytes]
         if len(snippet) >= prompt_bytes // 2:
             prompts.append(snippet)

@@ -122,8 +122,8 @@ def tokens_sha(outs) -> str:
     return hashlib.sha256(repr([list(o.token_ids) for o in outs]).encode()).hexdigest()[:16]
 
 
-def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
-              warmup_legs: int = 1, progress: bool = True, on_leg=None) -> list[Leg]:
+def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int, warmup_legs: int,
+              progress: bool, on_leg=None) -> list[Leg]:
     """Every leg of every concurrency; a progress bar when `progress`, and `on_leg(leg)` after each
     (the command prints a line per leg when it is not on a terminal)."""
     from tqdm import tqdm
@@ -146,7 +146,7 @@ def _legs(llm, workload: Workload, c: int, legs: int, warmup_legs: int, bar, on_
 
 
 def run_oracle_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int, warmup_legs: int,
-                     tau: float, k: int, progress: bool = True, on_leg=None) -> tuple[list[Leg], list[Leg]]:
+                     tau: float, k: int, progress: bool, on_leg=None) -> tuple[list[Leg], list[Leg]]:
     """Per concurrency: the plain legs, the plain run the oracle replays (oracle_script), then the
     oracle legs at `tau`. `make_llm(c, script)`: a plain engine when script is None, else an
     oracle one. Returns (plain legs, oracle legs)."""

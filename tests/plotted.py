@@ -56,14 +56,19 @@ def line(ln) -> dict:
            "colour": to_hex(ln.get_color()), "alpha": ln.get_alpha()}
     if ln.get_marker() not in ("None", None, ""):
         out |= {"marker": ln.get_marker(), "face": to_hex(ln.get_markerfacecolor()), "size": ln.get_markersize()}
-    label = ln.get_label()
-    return out | ({"label": label} if not label.startswith("_") else {})
+    return out | ({"label": own_label(ln)} if own_label(ln) else {})
+
+
+def own_label(artist) -> str | None:
+    """The label the plot gave, None for matplotlib's own placeholders (_child3, _container0)."""
+    label = artist.get_label()
+    return None if label.startswith("_") else label
 
 
 def bars(container) -> dict:
     rects = list(container)
     edges = [r.get_edgecolor() for r in rects]
-    return {"label": container.get_label(), "x": nums(r.get_x() + r.get_width() / 2 for r in rects),
+    return {"label": own_label(container), "x": nums(r.get_x() + r.get_width() / 2 for r in rects),
             "height": nums(r.get_height() for r in rects), "width": one(nums(r.get_width() for r in rects)),
             "colour": one([to_hex(r.get_facecolor()) for r in rects]),
             "edge": one(["none" if e[3] == 0 else to_hex(e) for e in edges]), "hatch": [r.get_hatch() or "" for r in rects]}
@@ -82,7 +87,7 @@ def collections(ax) -> tuple[list, list]:
             hlines.append({"segments": [[nums(p) for p in seg] for seg in c.get_segments()],
                            "colour": one([to_hex(x) for x in c.get_edgecolor()]),
                            "dashed": one([dashes is not None for _, dashes in c.get_linestyle()]),
-                           "width": one(nums(c.get_linewidth())), "label": c.get_label()})
+                           "width": one(nums(c.get_linewidth())), "label": own_label(c)})
         else:
             box = c.get_paths()[0].get_extents()
             bands.append({"x": nums((box.x0, box.x1)), "y": nums((box.y0, box.y1)),

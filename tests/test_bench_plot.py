@@ -2,7 +2,6 @@
 legs marked and the fold, and only for spec runs τ per leg and acceptance per draft position.
 The PNG is read back from the matplotlib Figure `plot` saved (tests/plotted.py)."""
 import matplotlib
-import pytest
 from cycler import cycler
 
 from engine.bench import Leg, figures, plot
@@ -49,21 +48,11 @@ def test_positions_without_drafts_have_an_acceptance_of_zero():
     assert f["2"]["acceptance_per_position"] == [0.0, 0.0] and f["2"]["tau_fold"] == 1.0
 
 
-@pytest.fixture(scope="module")
-def drawings(tmp_path_factory) -> dict:
-    """The spec and the plain PNG, each with its Figure read back."""
-    out = {}
-    for name, legs, spec, style in (("spec", LEGS, True, None), ("plain", PLAIN, False, None),
-                                    ("none accepted", NONE_ACCEPTED, True, STYLE)):
-        path = tmp_path_factory.mktemp("plot") / "bench.png"
-        out[name] = figure(drawn(plot, figures(legs, spec), path, f"bench {name}", style=style)) | {"png": png_size(path)}
-    return out
-
-
-def test_one_png_per_run_at_100_dpi_with_the_spec_panels_only_for_spec_runs(drawings):
-    spec, plain = drawings["spec"], drawings["plain"]
-    assert (spec["png"], spec["inches"], len(spec["panels"]), spec["title"]) == ((1500, 500), [15.0, 5.0], 3, ("bench spec", 10.0))
-    assert (plain["png"], plain["inches"], len(plain["panels"]), plain["title"]) == ((750, 500), [7.5, 5.0], 1, ("bench plain", 10.0))
+def drawing(tmp_path, legs: list[Leg], spec: bool, style: dict | None = None) -> dict:
+    """The PNG of `legs` as plot draws it, read back (one drawing per test: a mutation run credits
+    a shared fixture's calls to the first test that uses it only)."""
+    path = tmp_path / "bench.png"
+    return figure(drawn(plot, figures(legs, spec), path, "bench", style=style)) | {"png": png_size(path)}
 
 
 def marks(panel: dict) -> list[tuple]:
@@ -71,41 +60,32 @@ def marks(panel: dict) -> list[tuple]:
             for ln in panel["lines"] if ln["x"] and "marker" in ln]
 
 
-def test_each_leg_is_a_mark_beside_the_other_concurrencies_hollow_while_warming_up(drawings):
-    """0.8 of a leg's width shared by the concurrencies: offsets ±0.2 for two, 0 and ±0.8/3 for three."""
-    assert marks(drawings["spec"]["panels"][0]) == [
+ABOVE = {"offset": [0.0, 1.0], "coords": "offset points", "va": "bottom", "size": 7.0, "colour": "#000000"}
+RIGHT = {"offset": [4.0, 0.0], "coords": "offset points", "va": "center", "size": 8.0}
+
+
+def test_the_spec_png_marks_each_leg_draws_the_fold_of_the_warm_ones_and_bars_tau_and_acceptance(tmp_path):
+    d = drawing(tmp_path, LEGS, spec=True)
+    assert (d["png"], d["inches"], len(d["panels"]), d["title"]) == ((1500, 500), [15.0, 5.0], 3, ("bench", 10.0))
+    throughput, tau, acc = d["panels"]
+    # Each leg a mark beside the other concurrency's (0.8 of a leg shared by two: offsets ±0.2),
+    # hollow while warming up, its concurrency's legs joined by a faint line.
+    assert marks(throughput) == [
         ([-0.2], [50.0], "o", C0, WHITE, 8.0), ([0.8], [80.0], "o", C0, C0, 8.0), ([1.8], [90.0], "o", C0, C0, 8.0),
         ([0.2], [100.0], "s", C1, WHITE, 8.0), ([1.2], [200.0], "s", C1, C1, 8.0), ([2.2], [220.0], "s", C1, C1, 8.0)]
-    third = 0.266667
-    assert marks(drawings["plain"]["panels"][0]) == [
-        ([-third], [10.0], "o", C0, WHITE, 8.0), ([1 - third], [20.0], "o", C0, C0, 8.0),
-        ([0.0], [30.0], "s", C1, WHITE, 8.0), ([1.0], [40.0], "s", C1, WHITE, 8.0),
-        ([third], [60.0], "D", C2, WHITE, 8.0), ([1 + third], [50.0], "D", C2, C2, 8.0)]
-    joins = [ln for ln in drawings["spec"]["panels"][0]["lines"] if ln["x"] and "marker" not in ln]
-    assert joins == [{"x": [-0.2, 0.8, 1.8], "y": [50.0, 80.0, 90.0], "style": "-", "colour": C0, "alpha": 0.4},
-                     {"x": [0.2, 1.2, 2.2], "y": [100.0, 200.0, 220.0], "style": "-", "colour": C1, "alpha": 0.4}]
-
-
-def test_the_fold_is_a_dashed_mean_across_the_legs_a_min_max_band_over_the_warm_ones_and_a_label(drawings):
-    spec = drawings["spec"]["panels"][0]
-    assert [(h["segments"], h["colour"], h["dashed"], h["width"]) for h in spec["hlines"]] == [
+    assert [ln for ln in throughput["lines"] if ln["x"] and "marker" not in ln] == [
+        {"x": [-0.2, 0.8, 1.8], "y": [50.0, 80.0, 90.0], "style": "-", "colour": C0, "alpha": 0.4},
+        {"x": [0.2, 1.2, 2.2], "y": [100.0, 200.0, 220.0], "style": "-", "colour": C1, "alpha": 0.4}]
+    # The fold: a dashed mean across the legs, a min-max band over the warm ones, a label right of it.
+    assert [(h["segments"], h["colour"], h["dashed"], h["width"]) for h in throughput["hlines"]] == [
         ([[[-0.45, 85.0], [2.45, 85.0]]], C0, True, 1.2), ([[[-0.45, 210.0], [2.45, 210.0]]], C1, True, 1.2)]
-    assert spec["bands"] == [{"x": [0.6, 2.0], "y": [80.0, 90.0], "colour": C0, "alpha": 0.12},
-                             {"x": [1.0, 2.4], "y": [200.0, 220.0], "colour": C1, "alpha": 0.12}]
-    right = {"offset": [4.0, 0.0], "coords": "offset points", "va": "center", "size": 8.0}
-    assert spec["texts"] == [{"text": "c=1: 85 tok/s\n(mean of warm legs [1, 2])", "at": [2.45, 85.0], "colour": C0} | right,
-                             {"text": "c=8: 210 tok/s\n(mean of warm legs [1, 2])", "at": [2.45, 210.0], "colour": C1} | right]
-    plain = drawings["plain"]["panels"][0]  # c=2 has no warm leg: no fold drawn for it
-    assert [(h["segments"], h["colour"]) for h in plain["hlines"]] == [([[[-0.45, 20.0], [1.45, 20.0]]], C0),
-                                                                       ([[[-0.45, 50.0], [1.45, 50.0]]], C2)]
-    assert [(b["x"], b["y"], b["colour"]) for b in plain["bands"]] == [([0.6, 0.866667], [20.0, 20.0], C0),
-                                                                       ([1.133333, 1.4], [50.0, 50.0], C2)]
-    assert [t["text"].split(":")[0] for t in plain["texts"]] == ["c=1", "c=4"]
-
-
-def test_the_legend_names_each_concurrency_and_each_kind_of_mark(drawings):
-    spec = drawings["spec"]["panels"][0]
-    keys = [ln for ln in spec["lines"] if not ln["x"]]
+    assert throughput["bands"] == [{"x": [0.6, 2.0], "y": [80.0, 90.0], "colour": C0, "alpha": 0.12},
+                                   {"x": [1.0, 2.4], "y": [200.0, 220.0], "colour": C1, "alpha": 0.12}]
+    assert throughput["texts"] == [
+        {"text": "c=1: 85 tok/s\n(mean of warm legs [1, 2])", "at": [2.45, 85.0], "colour": C0} | RIGHT,
+        {"text": "c=8: 210 tok/s\n(mean of warm legs [1, 2])", "at": [2.45, 210.0], "colour": C1} | RIGHT]
+    # The legend: a key per concurrency and per kind of mark.
+    keys = [ln for ln in throughput["lines"] if not ln["x"]]
     assert keys == [
         {"x": [], "y": [], "style": "-", "colour": C0, "alpha": None, "marker": "o", "face": C0, "size": 6.0, "label": "c=1"},
         {"x": [], "y": [], "style": "-", "colour": C1, "alpha": None, "marker": "s", "face": C1, "size": 6.0, "label": "c=8"},
@@ -114,25 +94,14 @@ def test_the_legend_names_each_concurrency_and_each_kind_of_mark(drawings):
         {"x": [], "y": [], "style": "None", "colour": GREY, "alpha": None, "marker": "o", "face": GREY, "size": 6.0,
          "label": "warm leg"},
         {"x": [], "y": [], "style": "--", "colour": GREY, "alpha": None, "label": "mean of warm legs (band: min-max)"}]
-    assert spec["legend"] == {"labels": [k["label"] for k in keys], "loc": 3, "ncols": 1, "size": 8.0}  # 3: lower left
-    assert drawings["plain"]["panels"][0]["legend"]["labels"][:3] == ["c=1", "c=2", "c=4"]
-
-
-def test_the_throughput_axes_start_at_zero_and_leave_room_right_of_the_last_leg(drawings):
-    """Up to 1.15 times the fastest leg; 0.6 of a leg left of the first and 1.9 right of the last
-    (where the fold's labels go); a tick per leg."""
-    spec, plain = drawings["spec"]["panels"][0]["axes"], drawings["plain"]["panels"][0]["axes"]
-    assert spec == {"title": "throughput per leg", "xlabel": "leg", "ylabel": "output tokens/s", "xlim": [-0.6, 3.9],
-                    "ylim": [0.0, 253.0], "xticks": [0.0, 1.0, 2.0], "xticklabels": [("0", 12.0), ("1", 12.0), ("2", 12.0)]}
-    assert (plain["xlim"], plain["ylim"], plain["xticks"]) == ([-0.6, 2.9], [0.0, 69.0], [0.0, 1.0])
-
-
-ABOVE = {"offset": [0.0, 1.0], "coords": "offset points", "va": "bottom", "size": 7.0, "colour": "#000000"}
-
-
-def test_tau_per_leg_is_grouped_bars_with_warm_up_legs_hatched_and_each_bar_labelled(drawings):
-    tau = drawings["spec"]["panels"][1]
-    bar = {"width": 0.38, "edge": WHITE, "hatch": ["//", "", ""]}  # 0.95 of the concurrency's 0.4
+    assert throughput["legend"] == {"labels": [k["label"] for k in keys], "loc": 3, "ncols": 1, "size": 8.0}  # lower left
+    # From 0 to 1.15 times the fastest leg; 0.6 of a leg left of the first, 1.9 right of the last
+    # (where the labels go); a tick per leg.
+    assert throughput["axes"] == {"title": "throughput per leg", "xlabel": "leg", "ylabel": "output tokens/s",
+                                  "xlim": [-0.6, 3.9], "ylim": [0.0, 253.0], "xticks": [0.0, 1.0, 2.0],
+                                  "xticklabels": [("0", 12.0), ("1", 12.0), ("2", 12.0)]}
+    # τ per leg: grouped bars (0.95 of a concurrency's 0.4), warm-up legs hatched, each labelled.
+    bar = {"width": 0.38, "edge": WHITE, "hatch": ["//", "", ""]}
     assert tau["bars"] == [{"label": "c=1", "x": [-0.2, 0.8, 1.8], "height": [1.75, 2.25, 1.5], "colour": C0} | bar,
                            {"label": "c=8", "x": [0.2, 1.2, 2.2], "height": [1.75, 2.0, 1.25], "colour": C1} | bar]
     assert tau["texts"] == [{"text": t, "at": at} | ABOVE for t, at in (
@@ -141,12 +110,9 @@ def test_tau_per_leg_is_grouped_bars_with_warm_up_legs_hatched_and_each_bar_labe
     assert tau["axes"] | {"xticklabels": None} == {
         "title": "τ per leg (1 + accepted / drafts)", "xlabel": "leg", "ylabel": "", "xlim": "auto",
         "ylim": [1.0, 2.6125], "xticks": [-1.0, 0.0, 1.0, 2.0, 3.0], "xticklabels": None}  # 1 + 1.25 (2.25 - 1) + 0.05
-    assert tau["legend"] == {"labels": ["c=1", "c=8"], "loc": 1, "ncols": 2, "size": 8.0,  # 1: upper right
+    assert tau["legend"] == {"labels": ["c=1", "c=8"], "loc": 1, "ncols": 2, "size": 8.0,  # upper right
                              "title": "hatched: warm-up leg", "title_size": 7.0}
-
-
-def test_acceptance_per_draft_position_is_grouped_bars_from_position_one(drawings):
-    acc = drawings["spec"]["panels"][2]
+    # Acceptance per draft position over the warm legs, from position 1, each bar labelled.
     bar = {"width": 0.38, "edge": WHITE, "hatch": ["", ""]}
     assert acc["bars"] == [{"label": "c=1", "x": [0.8, 1.8], "height": [0.5625, 0.3125], "colour": C0} | bar,
                            {"label": "c=8", "x": [1.2, 2.2], "height": [0.5, 0.125], "colour": C1} | bar]
@@ -158,16 +124,33 @@ def test_acceptance_per_draft_position_is_grouped_bars_from_position_one(drawing
     assert acc["legend"] == {"labels": ["c=1", "c=8"], "loc": 1, "ncols": 2, "size": 8.0}  # no hatched title
 
 
-def test_under_a_style_cycling_more_than_colour_each_concurrency_keeps_its_colour(drawings):
-    throughput, tau, acc = drawings["none accepted"]["panels"]
+def test_the_plain_png_is_one_panel_with_a_mark_per_concurrency_and_no_fold_without_a_warm_leg(tmp_path):
+    d = drawing(tmp_path, PLAIN, spec=False)
+    assert (d["png"], d["inches"], len(d["panels"]), d["title"]) == ((750, 500), [7.5, 5.0], 1, ("bench", 10.0))
+    (throughput,) = d["panels"]
+    third = 0.266667  # 0.8 of a leg shared by three
+    assert marks(throughput) == [
+        ([-third], [10.0], "o", C0, WHITE, 8.0), ([1 - third], [20.0], "o", C0, C0, 8.0),
+        ([0.0], [30.0], "s", C1, WHITE, 8.0), ([1.0], [40.0], "s", C1, WHITE, 8.0),
+        ([third], [60.0], "D", C2, WHITE, 8.0), ([1 + third], [50.0], "D", C2, C2, 8.0)]
+    # c=2 has no warm leg: no fold drawn for it; one warm leg: a band of no height.
+    assert [(h["segments"], h["colour"]) for h in throughput["hlines"]] == [([[[-0.45, 20.0], [1.45, 20.0]]], C0),
+                                                                            ([[[-0.45, 50.0], [1.45, 50.0]]], C2)]
+    assert [(b["x"], b["y"], b["colour"]) for b in throughput["bands"]] == [([0.6, 0.866667], [20.0, 20.0], C0),
+                                                                            ([1.133333, 1.4], [50.0, 50.0], C2)]
+    assert [t["text"].split(":")[0] for t in throughput["texts"]] == ["c=1", "c=4"]
+    assert throughput["legend"]["labels"][:3] == ["c=1", "c=2", "c=4"]
+    assert (throughput["axes"]["xlim"], throughput["axes"]["ylim"], throughput["axes"]["xticks"]) == (
+        [-0.6, 2.9], [0.0, 69.0], [0.0, 1.0])
+
+
+def test_under_a_style_cycling_more_than_colour_a_concurrency_keeps_its_colour_and_zero_bars_stand_on_the_floor(tmp_path):
+    """Nothing accepted: τ 1 everywhere, so the τ axis spans 1 to 1.05; acceptance 0 everywhere,
+    0 to 1.15, not below."""
+    throughput, tau, acc = drawing(tmp_path, NONE_ACCEPTED, spec=True, style=STYLE)["panels"]
     assert [(ln.get("label"), ln["colour"]) for ln in throughput["lines"]] == [
         (None, C0), (None, C0), ("c=1", C0), (None, C1), (None, C1), ("c=2", C1),
         ("warm-up leg (not averaged)", GREY), ("warm leg", GREY), ("mean of warm legs (band: min-max)", GREY)]
     assert [[(b["label"], b["colour"]) for b in p["bars"]] for p in (tau, acc)] == [[("c=1", C0), ("c=2", C1)]] * 2
-
-
-def test_bars_of_nothing_accepted_stand_on_the_axes_floor(drawings):
-    """τ 1 everywhere: the τ axis spans 1 to 1.05; acceptance 0 everywhere: 0 to 1.15, not below."""
-    _, tau, acc = drawings["none accepted"]["panels"]
     assert [b["height"] for b in tau["bars"] + acc["bars"]] == [[1.0], [1.0], [0.0], [0.0]]
     assert (tau["axes"]["ylim"], acc["axes"]["ylim"]) == ([1.0, 1.05], [0.0, 1.15])

@@ -3,7 +3,6 @@ of each report, its rows, the spec rows against the plain baseline, issue 18's t
 bounds, the table as printed, the report files it reads, and the PNG read back from its Figure."""
 import json
 
-import pytest
 
 from engine.bench_summary import plot, summarize, summarize_files, table, targets
 from plotted import drawn, figure, png_size
@@ -132,26 +131,21 @@ def test_the_summary_of_report_files_leaves_out_the_missing_ones(tmp_path):
     assert summarize_files(None, tmp_path / "none.json") == summarize(None)
 
 
-@pytest.fixture(scope="module")
-def drawings(tmp_path_factory) -> dict:
-    out = {}
-    for name, summary in (("full", full()), ("partial", partial())):
-        path = tmp_path_factory.mktemp("summary") / "summary.png"
-        out[name] = figure(drawn(plot, summary, path)) | {"png": png_size(path)}
-    return out
-
-
 C0, C1, C2, BLACK = "#1f77b4", "#ff7f0e", "#2ca02c", "#000000"
 LABEL = {"offset": [0.0, 0.0], "coords": "offset points", "va": "bottom", "size": 7.0, "colour": BLACK}
 
 
-def test_the_png_has_the_spec_panel_only_when_there_are_spec_rows(drawings):
-    assert (drawings["full"]["png"], drawings["full"]["inches"], len(drawings["full"]["panels"])) == ((1300, 450), [13.0, 4.5], 2)
-    assert (drawings["partial"]["png"], drawings["partial"]["inches"], len(drawings["partial"]["panels"])) == ((700, 450), [7.0, 4.5], 1)
+def drawing(tmp_path, summary: dict) -> dict:
+    """The summary's PNG read back (one drawing per test: a mutation run credits a shared
+    fixture's calls to the first test that uses it only)."""
+    path = tmp_path / "summary.png"
+    return figure(drawn(plot, summary, path)) | {"png": png_size(path)}
 
 
-def test_ms_per_step_is_a_bar_per_arm_and_the_peer_beside_each_other_with_the_floor_dashed(drawings):
-    decode = drawings["full"]["panels"][0]
+def test_the_png_bars_ms_per_step_of_each_arm_beside_the_peer_over_the_dashed_floor_and_spec_tokens_per_s(tmp_path):
+    d = drawing(tmp_path, full())
+    assert (d["png"], d["inches"], len(d["panels"])) == ((1300, 450), [13.0, 4.5], 2)
+    decode, spec = d["panels"]
     third = 0.266667  # 0.8 of a concurrency's width shared by three series
     bar = {"width": 0.253333, "edge": "none", "hatch": ["", "", ""]}
     assert decode["bars"] == [
@@ -167,12 +161,7 @@ def test_ms_per_step_is_a_bar_per_arm_and_the_peer_beside_each_other_with_the_fl
                               "xticklabels": [("c=1", 12.0), ("c=8", 12.0), ("c=16", 12.0)]}
     assert decode["legend"] == {"labels": ["HBM floor", "graph/async", "graph/sync", "transformers"], "loc": 0,
                                 "ncols": 1, "size": 8.0}  # 0: best
-    alone = drawings["partial"]["panels"][0]
-    assert [(b["label"], b["x"], b["width"]) for b in alone["bars"]] == [("graph/async", [0.0], 0.76)]
-
-
-def test_spec_tokens_per_s_is_a_bar_per_label_and_concurrency_with_its_tau(drawings):
-    spec = drawings["full"]["panels"][1]
+    # Spec tokens/s: a bar per label and concurrency, with τ where there is a drafter.
     assert spec["bars"] == [{"label": None, "x": [0.0, 1.0, 2.0], "height": [1000.0, 3100.0, 5000.0], "width": 0.8,
                              "colour": C0, "edge": "none", "hatch": ["", "", ""]}]
     assert spec["texts"] == [{"text": "1000", "at": [0.0, 1000.0]} | LABEL, {"text": "3100\nτ 4.30", "at": [1.0, 3100.0]} | LABEL,
@@ -181,3 +170,9 @@ def test_spec_tokens_per_s_is_a_bar_per_label_and_concurrency_with_its_tau(drawi
                             "xlim": "auto", "ylim": "auto", "xticks": [0.0, 1.0, 2.0],
                             "xticklabels": [("plain\nc=1", 8.0), ("oracle-4.3\nc=1", 8.0), ("oracle-4.3\nc=8", 8.0)]}
     assert spec["legend"] is None
+
+
+def test_the_png_of_one_arm_without_spec_rows_is_one_panel_of_full_width_bars(tmp_path):
+    d = drawing(tmp_path, partial())
+    assert (d["png"], d["inches"], len(d["panels"])) == ((700, 450), [7.0, 4.5], 1)
+    assert [(b["label"], b["x"], b["width"]) for b in d["panels"][0]["bars"]] == [("graph/async", [0.0], 0.76)]

@@ -3,7 +3,6 @@ of each report, its rows, the spec rows against the plain baseline, issue 18's t
 bounds, the table as printed, the report files it reads, and the PNG read back from its Figure."""
 import json
 
-
 from engine.bench_summary import plot, summarize, summarize_files, table, targets
 from plotted import drawn, figure, png_size
 

@@ -31,15 +31,14 @@ class Leg:
     phases: dict | None = None   # host time per step by phase, GPU time per step (metrics.StepPhases)
 
 
-def heldout_workload(corpus, num_prompts: int = 8, prompt_bytes: int = 160, max_tokens: int = 64,
+def heldout_workload(corpus, num_prompts: int, prompt_bytes: int = 160, *, max_tokens: int,
                      temperature: float = 0.0) -> Workload:
     """Prompts cut at a line start inside the corpus's held-out files (never trained on); `corpus`:
     fixtures.corpus.load_corpus(), handed in by the caller."""
     prompts = []
     for rel in corpus.heldout_files:
         text = corpus.read(rel).decode("utf-8", errors="replace")
-        start = text.find("\ndef ")
-        start = start + 1 if start >= 0 else 0
+        start = text.find("\ndef ") + 1  # no def: -1 + 1, the file's start
         snippet = text[start:start + prompt_bytes]
         if len(snippet) >= prompt_bytes // 2:
             prompts.append(snippet)
@@ -123,8 +122,8 @@ def tokens_sha(outs) -> str:
     return hashlib.sha256(repr([list(o.token_ids) for o in outs]).encode()).hexdigest()[:16]
 
 
-def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int,
-              warmup_legs: int = 1, progress: bool = True, on_leg=None) -> list[Leg]:
+def run_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int, warmup_legs: int,
+              progress: bool, on_leg=None) -> list[Leg]:
     """Every leg of every concurrency; a progress bar when `progress`, and `on_leg(leg)` after each
     (the command prints a line per leg when it is not on a terminal)."""
     from tqdm import tqdm
@@ -147,7 +146,7 @@ def _legs(llm, workload: Workload, c: int, legs: int, warmup_legs: int, bar, on_
 
 
 def run_oracle_bench(make_llm, workload: Workload, concurrencies: list[int], legs: int, warmup_legs: int,
-                     tau: float, k: int, progress: bool = True, on_leg=None) -> tuple[list[Leg], list[Leg]]:
+                     tau: float, k: int, progress: bool, on_leg=None) -> tuple[list[Leg], list[Leg]]:
     """Per concurrency: the plain legs, the plain run the oracle replays (oracle_script), then the
     oracle legs at `tau`. `make_llm(c, script)`: a plain engine when script is None, else an
     oracle one. Returns (plain legs, oracle legs)."""

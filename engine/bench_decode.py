@@ -30,7 +30,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def copy_bandwidth(device: str, mib: int = 1024, iters: int = 10) -> float:
+def copy_bandwidth(device: str, mib: int, iters: int = 10) -> float:
     """Bytes per second of a `mib`-MiB device-to-device copy, reads plus writes; best of `iters`."""
     src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
@@ -42,7 +42,7 @@ def copy_bandwidth(device: str, mib: int = 1024, iters: int = 10) -> float:
         dst.copy_(src)
         synchronize(device)
         best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() / best
+    return 2 * src.nbytes / best
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def time_decode(llm, prompts: list[list[int]], max_tokens: int) -> DecodeLeg:
 
 
 def measure_decode(make_llm, prompts: list[list[int]], concurrencies: list[int], max_tokens: int,
-                   legs: int = 3, progress=None) -> dict:
+                   legs: int, progress=None) -> dict:
     """{concurrency: {"ms_per_step": median, "tokens_per_s": median, "legs": [...]}} on one LLM
     (`make_llm()`, max_num_seqs at least max(concurrencies)); the first pass at each concurrency
     is warm-up and not kept."""
@@ -130,7 +130,7 @@ def measure_decode(make_llm, prompts: list[list[int]], concurrencies: list[int],
 
 
 def decode_report(model_dir, device: str, runners: list[str], arm: str, concurrencies: list[int],
-                  prompt_len: int = 64, max_tokens: int = 128, legs: int = 3, seed: int = 0,
+                  prompt_len: int, max_tokens: int, legs: int, seed: int = 0,
                   progress=None, attention_backends: tuple[str, ...] = ("sdpa",),
                   compile_modes: tuple[bool, ...] = (False,)) -> dict:
     """The bandwidth, the floor per concurrency, and ms per plain decode step per runner, attention

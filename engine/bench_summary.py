@@ -149,7 +149,7 @@ def plot(summary: dict, path) -> None:
     if spec:
         ax = axes[0][1]
         labels = [f"{r['label']}\nc={r['concurrency']}" for r in spec]
-        bars = ax.bar(range(len(spec)), [r["tokens_per_s"] or 0 for r in spec])
+        bars = ax.bar(range(len(spec)), [r["tokens_per_s"] for r in spec])
         ax.bar_label(bars, labels=[f"{r['tokens_per_s']:.0f}" + (f"\nτ {r['tau']:.2f}" if r["tau"] else "")
                                    for r in spec], fontsize=7)
         ax.set_xticks(range(len(spec)), labels, fontsize=8)

@@ -87,6 +87,8 @@ def test_the_tokens_digest_tells_outputs_apart():
     other[0].token_ids[2] = 99
     assert bench.tokens_sha(one) == bench.tokens_sha([output(0, 3, 4, RequestStats())]) != bench.tokens_sha(other)
     assert bench.tokens_sha(one + other) != bench.tokens_sha(other + one)  # request order counts
+    # sha256 of "[[0, 1], [0]]", its first 16 hex digits
+    assert bench.tokens_sha([output(0, 3, 2, RequestStats()), output(1, 3, 1, RequestStats())]) == "52fd94c3240753a4"
 
 
 @pytest.mark.parametrize("index, warmup_legs, warm", [
@@ -168,6 +170,15 @@ def test_fold_phases_weighs_each_step_once():
     assert folded["host_ms_per_step"] == {"plan": 1.0, "upload": 1.0, "launch": 3.0, "completion": 2.0,
                                           "completion_wait": 0.9, "total": 7.0}
     assert folded["gpu_ms_per_step"] == 4.0 and folded["host_over_gpu"] == 1.75
+
+
+def test_fold_phases_gives_gpu_ms_to_four_digits_and_host_over_gpu_to_three():
+    """7 ms of GPU time over 3 steps: 2.3333 ms a step; 4 ms of host time: 1.3333 ms a step,
+    0.571 of the (rounded) GPU time."""
+    folded = bench.fold_phases([phases(3, 0.001, 0.001, 0.001, 0.001, 0.0005, gpu_ms=7.0, gpu_steps=3)])
+    assert folded == {"steps": 3, "clock": "host perf_counter", "gpu_ms_per_step": 2.3333, "host_over_gpu": 0.571,
+                      "host_ms_per_step": {"plan": 0.3333, "upload": 0.3333, "launch": 0.3333, "completion": 0.3333,
+                                           "completion_wait": 0.1667, "total": 1.3333}}
 
 
 def test_fold_adds_phases_only_from_warm_legs():

@@ -10,26 +10,37 @@ from engine.bench import Leg, Workload
 class Corpus:
     """A stand-in for fixtures.corpus: files by name, in the order they are held out."""
 
-    def __init__(self, files: dict[str, str]):
+    def __init__(self, files: dict[str, str | bytes]):
         self.files = files
         self.heldout_files = list(files)
 
     def read(self, rel: str) -> bytes:
-        return self.files[rel].encode()
+        data = self.files[rel]
+        return data if isinstance(data, bytes) else data.encode()
 
 
-def test_heldout_prompts_start_at_a_def_and_skip_short_files():
-    corpus = Corpus({"a.py": "import os\n\ndef main(x):\n" + "    x += 1\n" * 40,
+def test_heldout_prompts_start_at_the_first_def_and_skip_short_files():
+    corpus = Corpus({"a.py": "import os\n\ndef main(x):\n" + "    x += 1\n" * 40 + "\ndef later():\n",
                      "short.py": "x = 1\n",
                      "b.py": "y = 2\n" * 50,
                      "c.py": "\ndef g():\n" + "    pass\n" * 40})
     w = bench.heldout_workload(corpus, num_prompts=2, prompt_bytes=40, max_tokens=9, temperature=0.5)
     assert w.prompts == (corpus.files["a.py"][11:51], corpus.files["b.py"][:40])
     assert (w.max_tokens_json(), w.temperature) == (9, 0.5)
-    assert len(bench.heldout_workload(corpus, num_prompts=5, prompt_bytes=40).prompts) == 3
-    exact = bench.heldout_workload(Corpus({"e.py": "z" * 20}), prompt_bytes=40)
+    every = bench.heldout_workload(corpus, num_prompts=5, prompt_bytes=40, max_tokens=9).prompts
+    assert every == (corpus.files["a.py"][11:51], corpus.files["b.py"][:40], corpus.files["c.py"][1:41])
+    exact = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_bytes=40, max_tokens=9)
     assert exact.prompts == ("z" * 20,), "a snippet of exactly half the bytes still counts"
-    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), prompt_bytes=40).prompts == ()
+    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), 1, prompt_bytes=40, max_tokens=9).prompts == ()
+    odd = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_bytes=41, max_tokens=9)
+    assert odd.prompts == ("z" * 20,), "half of 41 bytes is 20, rounded down"
+
+
+def test_heldout_prompts_are_160_bytes_unless_asked_and_undecodable_bytes_are_replaced():
+    w = bench.heldout_workload(Corpus({"a.py": "def f():\n" + "    x = 1\n" * 40}), 1, max_tokens=9)
+    assert len(w.prompts[0]) == 160
+    broken = bench.heldout_workload(Corpus({"b.py": b"def f(): return '\xff'\n" * 4}), 1, prompt_bytes=40, max_tokens=9)
+    assert broken.prompts == ("def f(): return '\ufffd'\n" * 2,)
 
 
 def test_a_workload_fingerprint_names_its_prompts_tokens_and_temperature():

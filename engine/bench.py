@@ -31,7 +31,7 @@ class Leg:
     phases: dict | None = None   # host time per step by phase, GPU time per step (metrics.StepPhases)
 
 
-def heldout_workload(corpus, num_prompts: int, prompt_bytes: int = 160, *, max_tokens: int,
+def heldout_workload(corpus, num_prompts: int, prompt_chars: int = 160, *, max_tokens: int,
                      temperature: float = 0.0) -> Workload:
     """Prompts cut at a line start inside the corpus's held-out files (never trained on); `corpus`:
     fixtures.corpus.load_corpus(), handed in by the caller."""
@@ -39,8 +39,8 @@ def heldout_workload(corpus, num_prompts: int, prompt_bytes: int = 160, *, max_t
     for rel in corpus.heldout_files:
         text = corpus.read(rel).decode("utf-8", errors="replace")
         start = text.find("\ndef ") + 1  # no def: -1 + 1, the file's start
-        snippet = text[start:start + prompt_bytes]
-        if len(snippet) >= prompt_bytes // 2:
+        snippet = text[start:start + prompt_chars]
+        if len(snippet) >= prompt_chars // 2:
             prompts.append(snippet)
         if len(prompts) == num_prompts:
             break

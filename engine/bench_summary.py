@@ -114,7 +114,8 @@ def table(summary: dict) -> str:
     for row in summary["spec_rows"]:
         tau = f" τ {row['tau']:.2f}" if row["tau"] is not None else ""
         vs = f", {row['vs_plain']:.2f}x plain" if row["vs_plain"] is not None and row["label"] != "plain" else ""
-        lines.append(f"bench {row['label']} c={row['concurrency']}: {row['tokens_per_s']} tokens/s{tau}{vs}")
+        rate = "no warm leg" if row["tokens_per_s"] is None else f"{row['tokens_per_s']} tokens/s"
+        lines.append(f"bench {row['label']} c={row['concurrency']}: {rate}{tau}{vs}")
     for t in summary["targets"]:
         lines.append(f"target {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['figure']}")
     return "\n".join(lines)
@@ -138,10 +139,9 @@ def plot(summary: dict, path) -> None:
                else (summary["rows"][c].get(name) or {}).get("ms_per_step")) or 0 for c in cs]
         bars = ax.bar([i + (n - (len(series) - 1) / 2) * width for i in range(len(cs))], ys, width * 0.95, label=name)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    for i, c in enumerate(cs):
-        if "floor_ms" in summary["rows"][c]:
-            ax.hlines(summary["rows"][c]["floor_ms"], i - 0.45, i + 0.45, colors="k", linestyles="--",
-                      label="HBM floor" if i == 0 else None)
+    floors = [(i, summary["rows"][c]["floor_ms"]) for i, c in enumerate(cs) if "floor_ms" in summary["rows"][c]]
+    for n, (i, floor) in enumerate(floors):  # one legend entry, on the first floor drawn
+        ax.hlines(floor, i - 0.45, i + 0.45, colors="k", linestyles="--", label="HBM floor" if n == 0 else None)
     ax.set_xticks(range(len(cs)), [f"c={c}" for c in cs])
     ax.set_ylabel("ms per plain decode step")
     ax.set_title("plain greedy decode")
@@ -149,9 +149,10 @@ def plot(summary: dict, path) -> None:
     if spec:
         ax = axes[0][1]
         labels = [f"{r['label']}\nc={r['concurrency']}" for r in spec]
-        bars = ax.bar(range(len(spec)), [r["tokens_per_s"] for r in spec])
-        ax.bar_label(bars, labels=[f"{r['tokens_per_s']:.0f}" + (f"\nτ {r['tau']:.2f}" if r["tau"] else "")
-                                   for r in spec], fontsize=7)
+        # A concurrency without a warm leg has no rate: a bar of nothing, labelled so.
+        bars = ax.bar(range(len(spec)), [r["tokens_per_s"] or 0 for r in spec])
+        ax.bar_label(bars, labels=[("no warm leg" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}")
+                                   + (f"\nτ {r['tau']:.2f}" if r["tau"] else "") for r in spec], fontsize=7)
         ax.set_xticks(range(len(spec)), labels, fontsize=8)
         ax.set_ylabel("output tokens/s (warm legs)")
         ax.set_title("spec vs plain (specgate bench)")

@@ -24,22 +24,22 @@ def test_heldout_prompts_start_at_the_first_def_and_skip_short_files():
                      "short.py": "x = 1\n",
                      "b.py": "y = 2\n" * 50,
                      "c.py": "\ndef g():\n" + "    pass\n" * 40})
-    w = bench.heldout_workload(corpus, num_prompts=2, prompt_bytes=40, max_tokens=9, temperature=0.5)
+    w = bench.heldout_workload(corpus, num_prompts=2, prompt_chars=40, max_tokens=9, temperature=0.5)
     assert w.prompts == (corpus.files["a.py"][11:51], corpus.files["b.py"][:40])
     assert (w.max_tokens_json(), w.temperature) == (9, 0.5)
-    every = bench.heldout_workload(corpus, num_prompts=5, prompt_bytes=40, max_tokens=9).prompts
+    every = bench.heldout_workload(corpus, num_prompts=5, prompt_chars=40, max_tokens=9).prompts
     assert every == (corpus.files["a.py"][11:51], corpus.files["b.py"][:40], corpus.files["c.py"][1:41])
-    exact = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_bytes=40, max_tokens=9)
+    exact = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_chars=40, max_tokens=9)
     assert exact.prompts == ("z" * 20,), "a snippet of exactly half the bytes still counts"
-    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), 1, prompt_bytes=40, max_tokens=9).prompts == ()
-    odd = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_bytes=41, max_tokens=9)
+    assert bench.heldout_workload(Corpus({"e.py": "z" * 19}), 1, prompt_chars=40, max_tokens=9).prompts == ()
+    odd = bench.heldout_workload(Corpus({"e.py": "z" * 20}), 1, prompt_chars=41, max_tokens=9)
     assert odd.prompts == ("z" * 20,), "half of 41 bytes is 20, rounded down"
 
 
 def test_heldout_prompts_are_160_bytes_unless_asked_and_undecodable_bytes_are_replaced():
     w = bench.heldout_workload(Corpus({"a.py": "def f():\n" + "    x = 1\n" * 40}), 1, max_tokens=9)
     assert len(w.prompts[0]) == 160
-    broken = bench.heldout_workload(Corpus({"b.py": b"def f(): return '\xff'\n" * 4}), 1, prompt_bytes=40, max_tokens=9)
+    broken = bench.heldout_workload(Corpus({"b.py": b"def f(): return '\xff'\n" * 4}), 1, prompt_chars=40, max_tokens=9)
     assert broken.prompts == ("def f(): return '\ufffd'\n" * 2,)
 
 

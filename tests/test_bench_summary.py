@@ -175,3 +175,19 @@ def test_the_png_of_one_arm_without_spec_rows_is_one_panel_of_full_width_bars(tm
     d = drawing(tmp_path, partial())
     assert (d["png"], d["inches"], len(d["panels"])) == ((700, 450), [7.0, 4.5], 1)
     assert [(b["label"], b["x"], b["width"]) for b in d["panels"][0]["bars"]] == [("graph/async", [0.0], 0.76)]
+
+
+def test_a_concurrency_without_a_warm_leg_and_a_first_concurrency_without_a_floor_are_drawn_and_told(tmp_path):
+    """A bench report can hold a concurrency whose legs were all warm-up (its rate is None): the
+    table says so and the PNG draws a bar of nothing labelled so. The floor's legend entry belongs
+    to the first floor drawn, wherever it is."""
+    decode = decode_report({"graph/sync": {"8": 4.65}}, {"8": 0.47})
+    spec = {"plain": bench_report(None, {"1": (None, 1.0), "8": (900.0, 1.0)})}
+    summary = summarize(decode, peer_report({"1": 2.23}), None, spec)
+    assert "bench plain c=1: no warm leg" in table(summary).splitlines()
+    d = drawing(tmp_path, summary)
+    decode_panel, spec_panel = d["panels"]
+    assert [h["label"] for h in decode_panel["hlines"]] == ["HBM floor"]
+    assert "HBM floor" in decode_panel["legend"]["labels"]
+    assert spec_panel["bars"][0]["height"] == [0.0, 900.0]
+    assert [t["text"] for t in spec_panel["texts"]] == ["no warm leg", "900"]

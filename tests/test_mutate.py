@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -210,3 +211,38 @@ def test_the_plugin_runs_bounded_tests_first_then_the_fastest(tmp_path, monkeypa
         "slow": 3.0, "fast": 0.1, "bounded-slow": 2.0, "bounded-fast": 0.5}}))
     mutation_plugin.pytest_collection_modifyitems(None, None, items)
     assert [i.nodeid for i in items] == ["bounded-fast", "bounded-slow", "fast", "slow", "unknown"]
+
+
+def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatch):
+    """mutmut forks every child from one process: tqdm's default lock is a semaphore they all
+    share, and a mutant that breaks a bar dies holding it. The plugin gives each child its own."""
+    import io
+
+    import tqdm as tqdm_module
+
+    from mutants import mutation_plugin
+
+    def child(body) -> int:
+        pid = os.fork()
+        if pid == 0:
+            body()
+            os._exit(0)
+        for _ in range(200):  # 10 s
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return -9
+    bar = tqdm_module.tqdm
+    monkeypatch.setattr(bar, "_lock", tqdm_module.std.TqdmDefaultWriteLock(), raising=False)
+    try:
+        assert child(lambda: bar.get_lock().acquire()) == 0  # dies holding the shared lock
+
+        def draw():
+            mutation_plugin.pytest_configure(None)
+            bar(range(2), file=io.StringIO()).close()
+        assert child(draw) == 0, "the second child hung on the first child's lock"
+    finally:
+        bar.set_lock(tqdm_module.std.TqdmDefaultWriteLock())

@@ -26,7 +26,7 @@ Z = 4.0
 @pytest.fixture(scope="module")
 def workload(corpus):
     from engine.bench import heldout_workload
-    prompts = heldout_workload(corpus, 8, prompt_bytes=60, max_tokens=1).prompts
+    prompts = heldout_workload(corpus, 8, prompt_chars=60, max_tokens=1).prompts
     return Workload(prompts, max_tokens=(96, 40, 120, 64, 100, 24, 88, 110),
                     arrival_steps=(0, 0, 2, 5, 0, 9, 3, 1))
 

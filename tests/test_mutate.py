@@ -217,6 +217,7 @@ def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatc
     """mutmut forks every child from one process: tqdm's default lock is a semaphore they all
     share, and a mutant that breaks a bar dies holding it. The plugin gives each child its own."""
     import io
+    import multiprocessing
 
     import tqdm as tqdm_module
 
@@ -225,8 +226,10 @@ def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatc
     def child(body) -> int:
         pid = os.fork()
         if pid == 0:
-            body()
-            os._exit(0)
+            try:
+                body()
+            finally:
+                os._exit(0)
         for _ in range(200):  # 10 s
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -235,14 +238,14 @@ def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatc
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         return -9
+    # A semaphore of this test's own, shared across fork as tqdm's default one is. Never tqdm's
+    # default lock itself: its semaphore is class-wide, and a child dying with it held would hang
+    # every later bar in this pytest process.
     bar = tqdm_module.tqdm
-    monkeypatch.setattr(bar, "_lock", tqdm_module.std.TqdmDefaultWriteLock(), raising=False)
-    try:
-        assert child(lambda: bar.get_lock().acquire()) == 0  # dies holding the shared lock
+    monkeypatch.setattr(bar, "_lock", multiprocessing.RLock(), raising=False)
+    assert child(lambda: bar.get_lock().acquire()) == 0  # dies holding the shared lock
 
-        def draw():
-            mutation_plugin.pytest_configure(None)
-            bar(range(2), file=io.StringIO()).close()
-        assert child(draw) == 0, "the second child hung on the first child's lock"
-    finally:
-        bar.set_lock(tqdm_module.std.TqdmDefaultWriteLock())
+    def draw():
+        mutation_plugin.pytest_configure(None)
+        bar(range(2), file=io.StringIO()).close()
+    assert child(draw) == 0, "the second child hung on the first child's lock"

@@ -48,8 +48,11 @@ def _spec_rows(spec: dict[str, dict]) -> list[dict]:
         for c, s in report.get("summary", {}).items():
             base = plain.get(c, {}).get("tokens_per_s_mean")
             rate = s["tokens_per_s_mean"]
+            # No warm leg: the fold merged no legs, and an empty fold's acceptance length (1.0) is
+            # no measurement.
+            measured = report.get("spec") and rate is not None
             rows.append({"label": label, "concurrency": c, "tokens_per_s": rate,
-                         "tau": s["acceptance"].get("mean_acceptance_length") if report.get("spec") else None,
+                         "tau": s["acceptance"].get("mean_acceptance_length") if measured else None,
                          "vs_plain": round(rate / base, 3) if base and rate else None})
     return rows
 

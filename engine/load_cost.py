@@ -55,16 +55,15 @@ def shard_figures(model_dir: str | os.PathLike) -> dict:
 def memory_mib() -> dict:
     """This process's resident memory now and its high-water mark, in MiB: Linux's
     /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages; None
-    for a figure the kernel does not report); elsewhere getrusage's mark alone."""
+    for a figure the kernel does not report); elsewhere, or without VmHWM, the mark is getrusage's."""
+    mib = dict.fromkeys(("VmHWM", "VmRSS", "RssAnon", "RssFile"))
     if PROC_STATUS.is_file():
         fields = dict(line.split(":", 1) for line in PROC_STATUS.read_text().splitlines() if ":" in line)
-        kib = {name: int(fields[name].split()[0]) for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")
-               if name in fields}
-        mib = {name: kib[name] / 1024 if name in kib else None for name in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
-        return {"peak": mib["VmHWM"], "now": mib["VmRSS"], "anon": mib["RssAnon"], "file": mib["RssFile"]}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    peak = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-    return {"peak": peak, "now": None, "anon": None, "file": None}
+        mib.update({name: int(fields[name].split()[0]) / 1024 for name in mib if name in fields})
+    if mib["VmHWM"] is None:  # the load's cost is the difference of two marks: never without one
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        mib["VmHWM"] = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    return {"peak": mib["VmHWM"], "now": mib["VmRSS"], "anon": mib["RssAnon"], "file": mib["RssFile"]}
 
 
 def child_main(request: str) -> None:

@@ -79,20 +79,25 @@ def _listing(staging: Path) -> dict:
             return cached
     # libcst's mutation of every file takes about a minute on one core: the files are split over
     # the cores, largest first onto the least loaded process.
-    groups: list[list[Path]] = [[] for _ in range(os.cpu_count() or 1)]
+    groups: list[list[Path]] = [[] for _ in range(len(os.sched_getaffinity(0)))]
     for path in sorted(mutated_files(staging), key=lambda p: -p.stat().st_size):
         min(groups, key=lambda g: sum(p.stat().st_size for p in g)).append(path)
     procs = [subprocess.Popen([sys.executable, "-c", _LIST_SCRIPT, *(str(p.relative_to(staging)) for p in group)],
                               cwd=staging, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for group in groups if group]
     listing = {"digest": digest, "hashes": {}, "lines": {}}
-    for proc in procs:
-        out, err = proc.communicate()
-        if proc.returncode:
-            raise ValueError(f"listing the mutants failed: {err.strip().splitlines()[-1:]}")
-        part = json.loads(out)
-        listing["hashes"].update(part["hashes"])
-        listing["lines"].update(part["lines"])
+    try:
+        for proc in procs:
+            out, err = proc.communicate()
+            if proc.returncode:
+                raise ValueError(f"listing the mutants failed: {err.strip().splitlines()[-1:]}")
+            part = json.loads(out)
+            listing["hashes"].update(part["hashes"])
+            listing["lines"].update(part["lines"])
+    finally:  # a failed or interrupted listing leaves no process behind on the cores
+        for proc in procs:
+            proc.kill()
+            proc.wait()
     cache.write_text(json.dumps(listing))
     return listing
 

@@ -10,19 +10,13 @@ import pytest
 from engine import bench
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
-from engine.trace import RequestTrace, StepTrace
+from engine.trace import StepTrace
 from engine.workload import Workload
 from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
 from gates.compare import Difference
+from traces import record
 
 IDENTITY = "completion = prefills + verify steps + accepted - truncated"
-
-
-def record(rid, start, ids, drafts=(), accepted=0, sampled=(), prefill=False) -> RequestTrace:
-    ids = list(ids)
-    window = [len(ids) - 1] if prefill else list(range(len(ids)))
-    return RequestTrace(rid, prefill, False, None, ids, [start + i for i in range(len(ids))], start + len(ids),
-                        window, 0, list(drafts), len(drafts), accepted, list(sampled))
 
 
 def k1_leg():

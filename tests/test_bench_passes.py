@@ -3,7 +3,6 @@ legs (run_bench, run_oracle_bench), the oracle bench's plain pass, the plain run
 replays (oracle_script) and the oracle pass, and the oracle report's comparison of the two
 (oracle_report) on legs written by hand."""
 import re
-import threading
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -45,16 +44,6 @@ class Engine:
         self.clock.perf += 0.5
         return [RequestOutput(i, p, list(p.encode()), [7] * sp.max_tokens, "", "length", RequestStats())
                 for i, (p, sp) in enumerate(zip(prompts, params))]
-
-
-@pytest.fixture(autouse=True)
-def own_bar_lock(monkeypatch):
-    """A lock of this test's own for tqdm's bars. tqdm's default one is shared by every process
-    forked after it was made (mutation runs fork a child per mutant), and a bar whose drawing
-    raises keeps it (tqdm's refresh releases it only after a drawing that worked): a mutant that
-    breaks the bar would hang every later child."""
-    from tqdm import tqdm
-    monkeypatch.setattr(tqdm, "_lock", threading.RLock(), raising=False)
 
 
 @pytest.fixture

@@ -182,12 +182,17 @@ def test_a_concurrency_without_a_warm_leg_and_a_first_concurrency_without_a_floo
     table says so and the PNG draws a bar of nothing labelled so. The floor's legend entry belongs
     to the first floor drawn, wherever it is."""
     decode = decode_report({"graph/sync": {"8": 4.65}}, {"8": 0.47})
-    spec = {"plain": bench_report(None, {"1": (None, 1.0), "8": (900.0, 1.0)})}
+    # An empty fold's acceptance length is 1.0: a drafter's row without a warm leg shows no τ.
+    spec = {"plain": bench_report(None, {"1": (None, 1.0), "8": (900.0, 1.0)}),
+            "ngram": bench_report("ngram", {"1": (None, 1.0), "8": (1800.0, 2.5)})}
     summary = summarize(decode, peer_report({"1": 2.23}), None, spec)
-    assert "bench plain c=1: no warm leg" in table(summary).splitlines()
+    lines = table(summary).splitlines()
+    assert "bench plain c=1: no warm leg" in lines
+    assert "bench ngram c=1: no warm leg" in lines
+    assert "bench ngram c=8: 1800.0 tokens/s τ 2.50, 2.00x plain" in lines
     d = drawing(tmp_path, summary)
     decode_panel, spec_panel = d["panels"]
     assert [h["label"] for h in decode_panel["hlines"]] == ["HBM floor"]
     assert "HBM floor" in decode_panel["legend"]["labels"]
-    assert spec_panel["bars"][0]["height"] == [0.0, 900.0]
-    assert [t["text"] for t in spec_panel["texts"]] == ["no warm leg", "900"]
+    assert spec_panel["bars"][0]["height"] == [0.0, 900.0, 0.0, 1800.0]
+    assert [t["text"] for t in spec_panel["texts"]] == ["no warm leg", "900", "no warm leg", "1800\nτ 2.50"]

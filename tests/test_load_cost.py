@@ -53,15 +53,17 @@ def test_memory_is_read_from_proc_status_in_mib(status_file):
 
 
 @pytest.mark.parametrize("platform, unit", [("linux", 2**10), ("darwin", 2**20)])
-def test_without_proc_status_the_peak_is_getrusage_s_in_its_platform_s_unit(status_file, monkeypatch, platform, unit):
+@pytest.mark.parametrize("status", [None, "Name:\tpython3\nVmRSS:\t1024 kB\n"], ids=["no-file", "no-VmHWM"])
+def test_without_proc_status_the_peak_is_getrusage_s_in_its_platform_s_unit(status_file, monkeypatch, platform, unit,
+                                                                            status):
     """getrusage's ru_maxrss is in KiB on Linux and in bytes on macOS."""
-    status_file(None)
+    status_file(status)
     monkeypatch.setattr(load_cost, "sys", SimpleNamespace(platform=platform))
     low = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     got = memory_mib()
     high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert low / unit <= got.pop("peak") <= high / unit
-    assert got == {"now": None, "anon": None, "file": None}
+    assert got == {"now": None if status is None else 1.0, "anon": None, "file": None}
 
 
 def tiny_weights_mib(element_size: int) -> float:

@@ -225,11 +225,12 @@ def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatc
 
     def child(body) -> int:
         pid = os.fork()
-        if pid == 0:
+        if pid == 0:  # the child never returns into pytest: 1 if the body raised
             try:
                 body()
-            finally:
-                os._exit(0)
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
         for _ in range(200):  # 10 s
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:

@@ -213,3 +213,24 @@ def test_a_listed_run_fails_on_an_entry_the_listing_contradicts_even_untested(tm
     assert problems == [stale]
     assert json.loads((tmp_path / "summary.json").read_text())["stale_equivalents"] == [stale]
     assert _report([], eqs, run, tmp_path / "unlisted")[1] == []  # untested, unlisted: not judged
+
+
+def test_a_failed_listing_says_so_and_leaves_no_listing_process_running(tmp_path, monkeypatch):
+    """The listing runs one process per core; one failing must not leave the others on the cores."""
+    import subprocess
+    staging = make_staging(tmp_path / "staging")
+    # The largest file is listed by the first process read, so the failure is met first.
+    (staging / "engine" / "broken.py").write_text("def f(:\n" + "#\n" * 2000)
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+    monkeypatch.setattr(mutation_shard.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(mutation_shard.os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(ValueError, match="listing the mutants failed"):
+        mutation_shard.list_mutants(staging)
+    assert len(started) == 2
+    assert all(proc.returncode is not None for proc in started), "a listing process was left running"
+    assert not (staging / "mutant-list.json").exists()

@@ -6,23 +6,14 @@ import pytest
 
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
-from engine.trace import RequestTrace, StepTrace
+from engine.trace import StepTrace
 from gates.compare import Difference
 from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
                               ngram_draft_difference, ngram_drafts, trace_consistency)
+from traces import record
 
 PROMPT, TOKENS = [7, 8, 9], [10, 11, 12, 13, 14]   # positions 0-2 and 3-7
 GREEDY = "num_accepted (greedy: matching draft prefix)"
-
-
-def record(rid=0, prefill=False, ids=(), start=0, drafts=(), accepted=0, sampled=(), query_start=0,
-           device_fed=False, refusal=None) -> RequestTrace:
-    """One row: a prefill over `ids`, or a verify step from position `start` over ids = the last
-    committed token and the drafts; its logits window is its query's rows (the last for a prefill)."""
-    ids = list(ids)
-    window = [query_start + len(ids) - 1] if prefill else [query_start + i for i in range(len(ids))]
-    return RequestTrace(rid, prefill, device_fed, refusal, ids, [start + i for i in range(len(ids))],
-                        start + len(ids), window, query_start, list(drafts), len(drafts), accepted, list(sampled))
 
 
 def run() -> tuple[list[RequestOutput], list[StepTrace]]:

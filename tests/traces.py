@@ -1,0 +1,13 @@
+"""Hand-built trace rows for the checks that read an engine trace (tests/test_trace_invariants.py,
+tests/test_acceptance_check.py)."""
+from engine.trace import RequestTrace
+
+
+def record(rid: int = 0, start: int = 0, ids=(), drafts=(), accepted: int = 0, sampled=(), prefill: bool = False,
+           query_start: int = 0, device_fed: bool = False, refusal: str | None = None) -> RequestTrace:
+    """One row: a prefill over `ids`, or a verify step from position `start` over ids = the last
+    committed token and the drafts; its logits window is its query's rows (the last for a prefill)."""
+    ids = list(ids)
+    window = [query_start + len(ids) - 1] if prefill else [query_start + i for i in range(len(ids))]
+    return RequestTrace(rid, prefill, device_fed, refusal, ids, [start + i for i in range(len(ids))],
+                        start + len(ids), window, query_start, list(drafts), len(drafts), accepted, list(sampled))

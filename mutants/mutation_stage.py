@@ -50,11 +50,11 @@ PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 # time), and tests a gate repeats.
 SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.mutation_suite))
 # A --cuda-only run (on the GPU machine) tests mutants the CPU suite could not kill because their
-# code runs on CUDA only; of the suite, only the CUDA test module and the gates (on cuda) run that
+# code runs on CUDA only; of the suite, only the CUDA test modules and the gates (on cuda) run that
 # code differently there. It stages into its own folder, so its stats and verdicts never mix with
 # a CPU run's, and a run stopped part way resumes where it stopped.
 CUDA_STAGING = REPO / "build" / "mutmut-cuda"
-CUDA_SUITE = ("tests/test_cuda_path.py", *SUITE[1:])
+CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", *SUITE[1:])
 DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution",
               "gates/lossless.py::test_negative_control_lossy_engine_fails_the_distribution_test",
               "gates/predicate_split.py::test_mixed_batches_async_equals_sync",

@@ -1,0 +1,74 @@
+"""The benchmark code's CUDA branches, on a GPU only (skipped elsewhere): what on the GPU only
+`scripts/gpu-check.sh` ran before. With these in the CUDA suite, the GPU machine's mutation run
+(`specgate mutate --cuda-only`) can judge the mutants no CPU test tells apart: the oracle
+proposer's tensors on the engine's device, the distribution checks' dense forward, the kernel
+count's CUDA events, the load measured in a child, the copy bandwidth and the decode report's GPU,
+and the transformers peer."""
+import numpy as np
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.workload import Workload
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
+
+
+def test_the_oracle_engine_on_cuda_gives_the_plain_tokens(make_llm):
+    from engine.bench import oracle_script
+    workload = Workload(PROMPTS, max_tokens=(24, 16, 30), arrival_steps=(0, 1, 3))
+    plain = make_llm(device="cuda", max_num_seqs=4)
+    outs = plain.generate(workload.prompt_list(), workload.params(ignore_eos=True), arrival_steps=workload.arrivals())
+    oracle = make_llm(device="cuda", spec="oracle", num_spec_tokens=4, max_num_seqs=4, async_runner=True,
+                      oracle=oracle_script(plain, workload, 4, 3.0))
+    got = oracle.generate(workload.prompt_list(), workload.params(ignore_eos=True), arrival_steps=workload.arrivals())
+    assert [o.token_ids for o in got] == [o.token_ids for o in outs]
+    assert sum(o.stats.num_accepted_tokens for o in got) > 0
+
+
+def test_sequence_probs_of_a_cuda_model_are_the_cpu_model_s(make_llm):
+    from gates.distribution import sequence_probs
+    sp = SamplingParams(temperature=1.0, max_tokens=12, seed=3, ignore_eos=True)
+    cpu = make_llm(dtype="float32")
+    out = cpu.generate([PROMPTS[0]], [sp])[0]
+    on_cuda = sequence_probs(make_llm(device="cuda", dtype="float32").model, out, sp)
+    np.testing.assert_allclose(on_cuda, sequence_probs(cpu.model, out, sp), atol=1e-5)
+
+
+def test_the_kernel_count_on_cuda_counts_the_kernels_of_each_decode_step(make_llm):
+    from engine.kernel_count import count_kernels
+    llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True)
+    got = count_kernels(llm, Workload.uniform(PROMPTS, max_tokens=40), max_steps=4)
+    assert (got["counted"], got["steps"], got["num_reqs"], got["k"]) == ("CUDA kernels", 4, 3, 2)
+    assert got["kernels_per_step"] > 10 and got["kernel_us_per_step"]
+    assert not llm.has_unfinished()
+
+
+def test_the_load_on_cuda_is_measured_in_a_child_with_the_device_s_peak(target_dir):
+    from engine.load_cost import measure_load_in_child
+    got = measure_load_in_child(target_dir, "cuda", None)
+    assert got["touch_seconds"] is None  # the load copied every weight to the device: nothing left to page in
+    assert got["device_peak_mib"] >= got["weights_mib"] > 0
+
+
+def test_the_copy_bandwidth_on_cuda_is_a_device_copy():
+    from engine.bench_decode import copy_bandwidth
+    # 200 GB/s: above any host memcpy, and far below a current GPU's device-to-device copy.
+    assert copy_bandwidth("cuda", mib=64) > 2e11
+
+
+def test_the_decode_report_on_cuda_names_the_gpu(bench_tiny_dir):
+    from engine.bench_decode import decode_report
+    report = decode_report(bench_tiny_dir, "cuda", ["sync"], "eager", [1], prompt_len=8, max_tokens=8, legs=1)
+    assert report["gpu"] == torch.cuda.get_device_name(0)
+    assert report["bandwidth_bytes_per_s"] > 2e11 and set(report["arms"]) == {"eager/sync"}
+
+
+def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
+    from engine.bench_model import bench_prompts
+    from engine.bench_peer import transformers_peer
+    got = transformers_peer(bench_tiny_dir, bench_prompts(1, 8, seed=0), [1], "cuda", short=2, long=6, repeats=1)
+    assert got["ran"] is True and got["dtype"] == "torch.bfloat16"
+    assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from clock import Clock
+
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"]
 STDLIB_SLICE = ["textwrap.py", "string.py", "bisect.py", "heapq.py", "fnmatch.py", "shlex.py"]
 
@@ -126,17 +128,8 @@ def scripted_bench():
     from engine import bench
     from engine.workload import Workload
 
-    class Clock:
-        wall, perf = 1_700_000_000.0, 100.0
-
-        def time(self) -> float:
-            return self.wall
-
-        def perf_counter(self) -> float:
-            return self.perf
-
     def run(concurrencies: list[int], legs: int, warmup_legs: int, script: dict) -> list:
-        clock = Clock()
+        clock = Clock(wall=1_700_000_000.0, perf=100.0)
 
         class ScriptedLLM:
             def __init__(self, concurrency: int):

@@ -16,18 +16,9 @@ from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
 from engine.workload import Workload
+from clock import Clock
 
 WORKLOAD = Workload(("ab", "cde"), max_tokens=(4, 6), arrival_steps=(0, 2))
-
-
-class Clock:
-    wall, perf = 1000.0, 10.0
-
-    def time(self) -> float:
-        return self.wall
-
-    def perf_counter(self) -> float:
-        return self.perf
 
 
 class Engine:

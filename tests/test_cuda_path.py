@@ -4,6 +4,7 @@ target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sy
 attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
 arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
 Graphs are captured at start-up, for every (batch, context) bucket."""
+import gc
 import os
 
 import pytest
@@ -98,6 +99,7 @@ def cpu_tokens():
 def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
     llm, tokens = run("cuda", **arm)
     assert tokens == cpu_tokens
+    assert gc.isenabled(), "the graph capture left garbage collection off"
     arms = {t.route.split("/")[1] for t in llm.trace}
     assert max(t.num_reqs for t in llm.trace) > 1
     if arm["graph"]:

@@ -20,10 +20,8 @@ from gates.argtypes import int_at_least
 from mutants.mutation_ratchet import (baseline_commit, baseline_record, load_baseline, ratchet, stale_equivalents,
                                       update_baseline)
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
-from mutants.mutation_results import cached_verdicts, load_equivalents, matches, read_results, valid_cached
-from mutants.mutation_shard import (cuda_only, list_mutants, listing_digest, mutated_lines, parse_shard,
-                                    reviewed_unchanged)
-from mutants.mutation_shard import shard as shard_of
+from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
+from mutants.mutation_shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
 from mutants.mutation_run import changed_functions, git, run_mutmut
 from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage,
                                     suite_fingerprint)
@@ -49,22 +47,12 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     if since:
         # Every function in a --since run changed, so its mutmut hash did and no reviewed mutant
         # of it can be skipped: the run names the patterns and needs no listing of every mutant.
-        hashes, in_run, not_rerun, to_test = None, None, set(), patterns
+        hashes, in_run, not_rerun, cached_now, to_test = None, None, set(), set(), patterns
     else:
         hashes = list_mutants(staging)
-        if cuda:
-            in_run = [n for n in cuda_only(equivalents) if n in hashes]
-        elif shard:
-            in_run = shard_of(hashes, *shard)
-        else:
-            in_run = [n for n in hashes if matches(n, patterns)]
-        not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
+        in_run, not_rerun, cached_now, to_test = plan_run(hashes, equivalents, staging, patterns, shard, cuda)
     complete = not (patterns or shard or cuda)
     if hashes is not None:
-        # Named mutants are always re-tested by mutmut: name only those without a valid verdict on
-        # a full run or a --cuda-only one (keeping mutmut's cache), every one in the run's scope otherwise.
-        cached_now = valid_cached(hashes, staging) & set(in_run) if complete or cuda else set()
-        to_test = [n for n in in_run if n not in not_rerun and n not in cached_now]
         counts = (f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed "
                   f"and not re-run (function unchanged), {len(cached_now)} from the cache")
     else:

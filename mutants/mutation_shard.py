@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from mutants.mutation_ratchet import CUDA_ONLY
-from mutants.mutation_results import Equivalent
+from mutants.mutation_results import Equivalent, matches, valid_cached
 from mutants.mutation_stage import SOURCES, STAGING, is_mutated
 
 # Each mutant's function hash, and the first line it changes: the line mutmut's own diff of the
@@ -132,6 +132,24 @@ def reviewed_unchanged(equivalents: dict[str, Equivalent], hashes: dict[str, str
 
 def cuda_only(equivalents: dict[str, Equivalent]) -> list[str]:
     return sorted((n for n, eq in equivalents.items() if eq.reason.startswith(CUDA_ONLY)), key=order_key)
+
+
+def plan_run(hashes: dict[str, str], equivalents: dict[str, Equivalent], staging: Path, patterns: list[str],
+             shard_index: tuple[int, int] | None, cuda: bool) -> tuple[list[str], set[str], set[str], list[str]]:
+    """Which mutants a listed run covers and which of them it tests: (in the run, reviewed and not
+    re-run, from the cache, to test). mutmut always re-tests a mutant it is given by name, so the run
+    names only those without a valid verdict, except on an --only run (`patterns`), which re-tests
+    every mutant it matches. A shard keeps the cache as a full run does: a CI shard job that restores
+    its staging folder re-tests only the mutants of functions changed since."""
+    if cuda:
+        in_run = [n for n in cuda_only(equivalents) if n in hashes]
+    elif shard_index:
+        in_run = shard(hashes, *shard_index)
+    else:
+        in_run = [n for n in hashes if matches(n, patterns)]
+    not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
+    cached_now = set() if patterns else valid_cached(hashes, staging) & set(in_run)
+    return in_run, not_rerun, cached_now, [n for n in in_run if n not in not_rerun and n not in cached_now]
 
 
 def listing_digest(names) -> str:

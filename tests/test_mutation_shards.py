@@ -107,6 +107,29 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
         mutation_merge.combine([mutation_merge.read_report(folders[0]), mutation_merge.read_report(other)])
 
 
+def test_a_shard_that_restores_its_cache_tests_only_mutants_without_a_verdict(tmp_path):
+    """Real mutmut 3.8: after shard 1 of 2 ran, a rerun of it (a CI job that restored its staging
+    folder) tests nothing and takes every verdict from the cache, shard 2 tests all of its own, an
+    --only run re-tests what it names, and a changed function's mutants are tested again."""
+    staging = make_staging(tmp_path / "staging")
+    hashes = mutation_shard.list_mutants(staging)
+    first, second = (mutation_shard.shard(hashes, i, 2) for i in (1, 2))
+    in_run, not_rerun, cached, to_test = mutation_shard.plan_run(hashes, {}, staging, [], (1, 2), False)
+    assert (in_run, not_rerun, cached, to_test) == (first, set(), set(), first), "an empty cache tests everything"
+    _shard_report(staging, to_test, tmp_path / "report1", 1, 2, mutation_shard.listing_digest(hashes), len(hashes))
+    assert mutation_shard.plan_run(hashes, {}, staging, [], (1, 2), False) == (first, set(), set(first), [])
+    assert mutation_shard.plan_run(hashes, {}, staging, [], (2, 2), False) == (second, set(), set(), second)
+    everything = mutation_shard.plan_run(hashes, {}, staging, [], None, False)
+    assert everything[2] == set(first) and sorted(everything[3]) == sorted(second), "a full run keeps the cache"
+    only = ["engine.calc.x_add__mutmut_*"]
+    named = [n for n in hashes if "x_add__" in n]
+    assert mutation_shard.plan_run(hashes, {}, staging, only, None, False) == (named, set(), set(), named)
+    reviewed = {first[0]: Equivalent(first[0], "x", "reviewed", hashes[first[0]])}
+    assert mutation_shard.plan_run(hashes, reviewed, staging, [], (1, 2), False)[1] == {first[0]}
+    changed = {**hashes, **{n: "another hash" for n in named}}
+    assert mutation_shard.plan_run(changed, {}, staging, [], (1, 2), False)[3] == [n for n in first if n in named]
+
+
 def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
     from mutants.mutation_report import MutantRecord
     diff = "--- engine/calc.py\n+++ engine/calc.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
@@ -171,6 +194,9 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     run_steps = [s["run"] for s in jobs["shard"]["steps"] if "run" in s]
     shard_cmd = next(r for r in run_steps if "mutate" in r and "--shard" in r)
     assert f"--shard ${{{{ matrix.shard }}}}/{count}" in shard_cmd
+    cache = next(s["with"] for s in jobs["shard"]["steps"] if s.get("uses", "").startswith("actions/cache@"))
+    assert cache["path"] == "build/mutmut" and "matrix.shard" in cache["key"] and f"of-{count}" in cache["key"], \
+        "each shard restores its own mutmut cache"
     assert jobs["merge"]["needs"] == "shard" or jobs["merge"]["needs"] == ["shard"]
     merge_cmd = next(s["run"] for s in jobs["merge"]["steps"] if "run" in s and "mutate merge" in s["run"])
     assert sorted(w for w in merge_cmd.split() if w.startswith("shards/")) == \

@@ -61,7 +61,7 @@ def peer_figures(model, prompts: list[list[int]], concurrencies: list[int], shor
     difference of a short and a long `generate`, both into one static cache of the long call's size."""
     import transformers
     max_cache_len = len(prompts[0]) + long
-    out = {"transformers": transformers.__version__, "dtype": str(model.dtype),
+    out = {"transformers": transformers.__version__, "device": str(model.device), "dtype": str(model.dtype),
            "method": f"(t(max_new_tokens={long}) - t({short})) / {long - short}, medians of {repeats}",
            "per_concurrency": {}}
     for c in concurrencies:

@@ -55,7 +55,7 @@ def test_the_peer_s_report_per_concurrency(bench_tiny_dir, monkeypatch):
     got = peer_figures(model, prompts, [1, 2], SHORT, LONG, repeats=1, progress=told.append)
     greedy = LLM(bench_tiny_dir, dtype="float32", max_model_len=64).generate(
         prompts[:1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].token_ids
-    assert got == {"transformers": transformers.__version__, "dtype": "torch.float32",
+    assert got == {"transformers": transformers.__version__, "device": "cpu", "dtype": "torch.float32",
                    "method": "(t(max_new_tokens=17) - t(2)) / 15, medians of 1",
                    "per_concurrency": {
                        "1": {"ms_per_step": 11.7188, "tokens_per_s": 85.33, "compiled": False,

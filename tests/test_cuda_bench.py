@@ -2,8 +2,10 @@
 `scripts/gpu-check.sh` ran before. With these in the CUDA suite, the GPU machine's mutation run
 (`specgate mutate --cuda-only`) can judge the mutants no CPU test tells apart: the oracle
 proposer's tensors on the engine's device, the distribution checks' dense forward, the kernel
-count's CUDA events, the load measured in a child, the copy bandwidth and the decode report's GPU,
+count's CUDA events, a bench leg's GPU time, the load measured in a child (and the child's body), the copy bandwidth and the decode report's GPU,
 and the transformers peer."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,24 @@ def test_the_load_on_cuda_is_measured_in_a_child_with_the_device_s_peak(target_d
     assert got["device_peak_mib"] >= got["weights_mib"] > 0
 
 
+def test_the_load_child_on_cuda_reads_onto_the_device_and_touches_nothing(target_dir, capsys):
+    """child_main in this process (the child's body, which mutmut can follow): on CUDA the load's
+    device peak is measured and no weight is paged in on the host."""
+    from engine.load_cost import child_main
+    child_main(json.dumps({"model": str(target_dir), "device": "cuda", "dtype": None}))
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["touch_seconds"] is None
+    assert got["device_peak_mib"] >= got["weights_mib"] > 0
+
+
+def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm):
+    from engine.bench import run_leg
+    llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True)
+    leg = run_leg(llm, Workload(PROMPTS, max_tokens=(12, 8, 16), arrival_steps=(0, 1, 2)), 3, 0, 0)
+    assert leg.phases["steps"] > 1 and leg.phases["gpu_steps"] == leg.phases["steps"]
+    assert leg.phases["gpu_ms_per_step"] > 0 and "CPU" not in leg.phases["clock"]
+
+
 def test_the_copy_bandwidth_on_cuda_is_a_device_copy():
     from engine.bench_decode import copy_bandwidth
     # 200 GB/s: above any host memcpy, and far below a current GPU's device-to-device copy.
@@ -70,5 +90,5 @@ def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
     from engine.bench_model import bench_prompts
     from engine.bench_peer import transformers_peer
     got = transformers_peer(bench_tiny_dir, bench_prompts(1, 8, seed=0), [1], "cuda", short=2, long=6, repeats=1)
-    assert got["ran"] is True and got["dtype"] == "torch.bfloat16"
+    assert got["ran"] is True and got["dtype"] == "torch.bfloat16" and got["device"] == "cuda:0"
     assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6

@@ -103,6 +103,24 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
         return proc.wait()
 
 
+NOTHING = "specgate-warm-stats-only"  # a mutant name that matches nothing
+
+
+def warm_stats(staging: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
+    """Let mutmut collect (or update) its test stats in a process of its own, testing no mutant.
+    mutmut runs the stats' tests in the process it then forks each mutant's child from; on CUDA
+    that process would hold an initialized CUDA context no forked child can use. A second
+    `mutmut run` then finds the stats current and runs no test before forking."""
+    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
+                    **(env or {}))
+    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", NOTHING], cwd=staging, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_path.write_text(proc.stdout)
+    if "Filtered for specific mutants, but nothing matches" not in proc.stdout:
+        raise ValueError(f"collecting mutmut's test stats failed (exit status {proc.returncode}); "
+                         f"its output is in {log_path}")
+
+
 def _chunks(stream):
     """mutmut redraws its status line with carriage returns: split on those and on newlines."""
     buffer = b""

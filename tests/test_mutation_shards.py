@@ -261,3 +261,31 @@ def test_a_failed_listing_says_so_and_leaves_no_listing_process_running(tmp_path
     assert len(started) == 2
     assert all(proc.returncode is not None for proc in started), "a listing process was left running"
     assert not (staging / "mutant-list.json").exists()
+
+
+def test_a_cuda_run_collects_mutmut_s_stats_apart_and_tests_no_mutant_while_it_does(tmp_path):
+    """Real mutmut 3.8: warm_stats leaves the stats behind and every mutant unjudged, so the run
+    after it forks its children from a process that ran no test (on CUDA: held no context)."""
+    staging = make_staging(tmp_path / "staging")
+    mutation_run.warm_stats(staging, tmp_path / "stats.log")
+    stats = json.loads((staging / "mutants" / "mutmut-stats.json").read_text())
+    assert set(stats["duration_by_test"]) == {"tests/test_calc.py::test_add", "tests/test_calc.py::test_half"}
+    assert mutation_results.cached_verdicts([], staging) == {}, "no mutant may be tested while stats are collected"
+    (staging / "tests" / "test_calc.py").write_text("import engine.nowhere\n")
+    with pytest.raises(ValueError, match="collecting mutmut's test stats failed"):
+        mutation_run.warm_stats(staging, tmp_path / "broken.log")
+
+
+def test_a_child_forked_after_cuda_was_initialized_refuses_to_judge(monkeypatch):
+    """Every CUDA test in such a child fails, so its verdict would be a kill of anything: the
+    plugin stops it with a usage error (pytest's exit 4: mutmut's `suspicious`, a failed run)."""
+    import torch
+    from tqdm import tqdm
+
+    from mutants import mutation_plugin
+    monkeypatch.setattr(tqdm, "_lock", tqdm.get_lock())  # the clean configure below gives tqdm a lock of its own
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    with pytest.raises(pytest.UsageError, match="forked after CUDA was initialized"):
+        mutation_plugin.pytest_configure(None)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    mutation_plugin.pytest_configure(None)

@@ -22,7 +22,7 @@ from mutants.mutation_ratchet import (baseline_commit, baseline_record, load_bas
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
 from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
 from mutants.mutation_shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
-from mutants.mutation_run import changed_functions, git, run_mutmut, warm_stats
+from mutants.mutation_run import CUDA_RUN_ENV, changed_functions, git, run_mutmut, warm_stats
 from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage,
                                     suite_fingerprint)
 
@@ -65,9 +65,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     cached = cached_verdicts([], staging)
     if to_test:
         if cuda:
-            warm_stats(staging, report_dir / "mutmut-stats.log", env={"SPECGATE_DEVICE": "cuda"})
-        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging,
-                        env={"SPECGATE_DEVICE": "cuda"} if cuda else None)
+            warm_stats(staging, report_dir / "mutmut-stats.log", env=CUDA_RUN_ENV)
+        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging, env=CUDA_RUN_ENV if cuda else None)
         if rc != 0:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r

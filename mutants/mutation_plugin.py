@@ -19,16 +19,25 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_configure(config):
-    # A child forked from a process that initialized CUDA cannot use CUDA: every CUDA test would
-    # fail and each mutant read as killed. mutmut collects test stats in its own process, so a
-    # CUDA run warms them in a process of their own first (mutation_run.warm_stats); this makes
-    # any other way it could happen a usage error (exit 4), which mutmut calls suspicious and
-    # specgate a failed run, never a kill.
+    # A child that cannot use CUDA fails every CUDA test, and each mutant would read as killed.
+    # That happens when the process it was forked from initialized CUDA: torch's own lazy init
+    # (a "bad fork"), or only the driver, which torch.cuda.is_available() does unless
+    # PYTORCH_NVML_BASED_CUDA_CHECK=1 (set for CUDA runs, mutation_run.CUDA_RUN_ENV). A CUDA run's
+    # mutant child checks that CUDA starts, and stops with a usage error (exit 4: mutmut's
+    # `suspicious`, a failed run for specgate) when it does not: never a verdict.
+    import os
+
     import pytest
     import torch
     if torch.cuda._is_in_bad_fork():
         raise pytest.UsageError("this process was forked after CUDA was initialized in its parent, so CUDA "
                                 "cannot run here and every CUDA test would fail: no verdict can be taken")
+    if os.environ.get("SPECGATE_DEVICE") == "cuda" and "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
+        try:
+            torch.cuda.init()
+        except Exception as e:  # the driver's own error, e.g. "CUDA error: initialization error"
+            raise pytest.UsageError(f"CUDA does not start in this mutant's child ({e}), so every CUDA test would "
+                                    f"fail: no verdict can be taken") from e
 
     # tqdm's default write lock holds a multiprocessing semaphore, created once and shared by every
     # child mutmut forks; a mutant that breaks a progress bar dies holding it and every later child

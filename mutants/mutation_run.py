@@ -104,6 +104,10 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
 
 
 NOTHING = "specgate-warm-stats-only"  # a mutant name that matches nothing
+# A CUDA run's environment: torch.cuda.is_available() (run as the test modules are imported, in
+# the process mutmut forks from) asks NVML rather than start the CUDA driver, which no forked
+# child could then use (mutants/mutation_plugin.py checks each child).
+CUDA_RUN_ENV = {"SPECGATE_DEVICE": "cuda", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 def warm_stats(staging: Path, log_path: Path, env: dict[str, str] | None = None) -> None:

@@ -276,7 +276,7 @@ def test_a_cuda_run_collects_mutmut_s_stats_apart_and_tests_no_mutant_while_it_d
         mutation_run.warm_stats(staging, tmp_path / "broken.log")
 
 
-def test_a_child_forked_after_cuda_was_initialized_refuses_to_judge(monkeypatch):
+def test_a_mutant_child_that_cannot_use_cuda_refuses_to_judge(monkeypatch):
     """Every CUDA test in such a child fails, so its verdict would be a kill of anything: the
     plugin stops it with a usage error (pytest's exit 4: mutmut's `suspicious`, a failed run)."""
     import torch
@@ -288,4 +288,15 @@ def test_a_child_forked_after_cuda_was_initialized_refuses_to_judge(monkeypatch)
     with pytest.raises(pytest.UsageError, match="forked after CUDA was initialized"):
         mutation_plugin.pytest_configure(None)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
-    mutation_plugin.pytest_configure(None)
+
+    def no_driver():
+        raise RuntimeError("CUDA error: initialization error")
+    monkeypatch.setattr(torch.cuda, "init", no_driver)
+    monkeypatch.setenv("SPECGATE_DEVICE", "cuda")
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "")
+    mutation_plugin.pytest_configure(None)  # the parent's own sessions (stats, clean tests) start no CUDA
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "engine.calc.x_add__mutmut_1")
+    with pytest.raises(pytest.UsageError, match="CUDA does not start in this mutant's child"):
+        mutation_plugin.pytest_configure(None)
+    monkeypatch.setenv("SPECGATE_DEVICE", "cpu")
+    mutation_plugin.pytest_configure(None)  # a CPU run's child never starts CUDA

@@ -52,6 +52,12 @@ def shard_figures(model_dir: str | os.PathLike) -> dict:
             "files_mib": round(sum(sizes) / 2**20, 3)}
 
 
+def rusage_peak_mib() -> float:
+    """This process's high-water mark of resident memory by getrusage, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
 def memory_mib() -> dict:
     """This process's resident memory now and its high-water mark, in MiB: Linux's
     /proc/self/status (the mark, VmHWM, and now, split into anonymous and file-backed pages; None
@@ -61,8 +67,7 @@ def memory_mib() -> dict:
         fields = dict(line.split(":", 1) for line in PROC_STATUS.read_text().splitlines() if ":" in line)
         mib.update({name: int(fields[name].split()[0]) / 1024 for name in mib if name in fields})
     if mib["VmHWM"] is None:  # the load's cost is the difference of two marks: never without one
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-        mib["VmHWM"] = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+        mib["VmHWM"] = rusage_peak_mib()
     return {"peak": mib["VmHWM"], "now": mib["VmRSS"], "anon": mib["RssAnon"], "file": mib["RssFile"]}
 
 

@@ -2,8 +2,6 @@
 shards listed by model.safetensors.index.json."""
 import json
 import os
-import resource
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import DTYPES, ModelConfig
 from engine.errors import ModelLoadError
+from engine.load_cost import rusage_peak_mib
 from engine.model import LlamaForCausalLM
 
 WEIGHTS_FILE = "model.safetensors"
@@ -141,11 +140,6 @@ class LoadMeasurement:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def _peak_rss_mib() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-
-
 def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
                  dtype: torch.dtype | None = None) -> tuple[LoadMeasurement, torch.nn.Module]:
     """Load time and peak host memory of load_model (issue 17's load numbers for README), and the
@@ -153,7 +147,7 @@ def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    before = _peak_rss_mib()
+    before = rusage_peak_mib()
     t0 = time.perf_counter()
     model = load_model(model_dir, device, dtype)
     if cuda:
@@ -161,7 +155,7 @@ def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
     seconds = time.perf_counter() - t0
     weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     device_peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
-    return LoadMeasurement(seconds, weights, before, _peak_rss_mib(), device_peak), model
+    return LoadMeasurement(seconds, weights, before, rusage_peak_mib(), device_peak), model
 
 
 def save_model(model: torch.nn.Module, config: dict, model_dir: str | os.PathLike) -> None:

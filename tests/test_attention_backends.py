@@ -144,6 +144,12 @@ def test_unknown_or_unrunnable_backends_are_refused(kwargs, message):
         EngineConfig(model="unused", **kwargs)
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_flex_on_cuda_takes_any_block_size_that_is_a_multiple_of_16(block_size):
+    assert EngineConfig(model="unused", attention_backend="flex", device="cuda", block_size=block_size).block_size \
+        == block_size
+
+
 def test_flex_engine_gives_the_reference_tokens_on_cpu():
     """The fixture target, greedy, ngram spec (k=3), async runner over the graph arm (padded on
     the CPU): mixed prompts and arrivals give the same tokens under both backends, and with

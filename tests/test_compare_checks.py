@@ -123,3 +123,14 @@ def test_a_difference_records_every_field_as_evidence():
     diff = Difference("emit_count", 7, 2, 41, 3, 4)
     assert diff.as_dict() == dict(what="emit_count", step=7, request_id=2, position=41, expected=3, actual=4)
     assert str(diff) == "emit_count differs at step 7, request 2, position 41: expected 3, got 4"
+
+
+def test_the_compared_steps_do_not_depend_on_the_order_of_a_step_s_rows():
+    """A prefill row before a verify row in one step (an order the engine does not write, but a
+    checker must not assume): the verify row is still compared."""
+    from engine.trace import StepTrace
+    from traces import record
+    verify_row, prefill_row = record(0, 3, [10, 11], [11], 1, [11, 12]), record(1, 0, [7, 8], sampled=[9], prefill=True)
+    for rows in ([verify_row, prefill_row], [prefill_row, verify_row]):
+        trace = [StepTrace(4, "async/eager", requests=rows)]
+        assert verify_steps(trace, {0: 8, 1: 3}) == {(0, 3): (4, verify_row)}

@@ -60,6 +60,18 @@ def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafte
     assert graph == any(step.route.endswith("/graph") for step in fused.trace), "the arm asked for did not run"
 
 
+def test_fused_layers_over_flex_read_the_cache_through_its_block_mask(make_llm):
+    """The fused layers with the flex backend (uncompiled, on the CPU): each layer's read takes
+    flex's block mask, and the run is the reference modules' token for token and step for step."""
+    from engine.workload import Workload
+    batch = Workload([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], max_tokens=(16, 10, 12), arrival_steps=(0, 1, 1))
+    kwargs = dict(spec="ngram", num_spec_tokens=3, attention_backend="flex", max_num_seqs=4, trace=True)
+    reference = run(make_llm(**kwargs), batch)
+    fused = fused_uncompiled(make_llm(**kwargs))
+    assert_same_run(reference, run(fused, batch))
+    assert max(step.num_reqs for step in fused.trace) > 1, "no step held several requests"
+
+
 @pytest.mark.parametrize("drafter, backend", [("ngram", "sdpa"), ("block", "sdpa"), ("ngram", "flex")])
 def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make_llm, drafter, backend):
     """Which pieces compile=True hands to inductor (built, not run: compiling happens on first call):

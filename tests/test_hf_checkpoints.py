@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, SpecgateError
 from engine.tokenizer import HFTokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -261,3 +261,11 @@ def test_a_config_without_eos_token_id_follows_transformers_llama_config(tmp_pat
         [theirs.eos_token_id] if theirs.eos_token_id is not None else [])
     outs = specgate_greedy(llm, PROMPTS, ignore_eos=False)
     assert [o.token_ids for o in outs] == hf_greedy(folder, PROMPTS)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_is_refused_naming_both(tmp_path, llama3_dir):
+    folder = tmp_path / "small-vocab"
+    shutil.copytree(llama3_dir, folder)
+    edit_json(folder / "config.json", vocab_size=399)
+    with pytest.raises(SpecgateError, match=r"tokenizer\.json has 400 tokens, more than the model's vocab_size 399$"):
+        make(folder)

@@ -326,3 +326,18 @@ def test_the_oldest_request_grows_by_preempting_the_newest():
     batch = sched.schedule()
     assert (batch.requests, batch.preempted, sched.running) == ([old], [new], [old])
     assert list(sched.waiting) == [new] and len(old.block_ids) == 3
+
+
+@pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
+def test_each_step_s_result_read_is_declared_by_how_the_host_read_it(make_llm, async_runner):
+    """One declared read per step (engine/host_sync.py), named for the no-sync gate: the sync
+    runner reads every step blocking; the async one reads each step a step late (deferred) and
+    only the last, with nothing left to queue behind it, blocking."""
+    llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=async_runner, trace=True)
+    llm.generate([[5, 6, 7, 8], [9, 10], [11, 12, 13]], SamplingParams(temperature=0, max_tokens=12),
+                 arrival_steps=[0, 1, 1])
+    steps = len(llm.trace)
+    assert steps > 2
+    expected = {"deferred result read": steps - 1, "blocking result read": 1} if async_runner else \
+        {"blocking result read": steps}
+    assert dict(llm.runner.declared_syncs.counts) == expected

@@ -108,9 +108,8 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
 
 
 def test_a_shard_that_restores_its_cache_tests_only_mutants_without_a_verdict(tmp_path):
-    """Real mutmut 3.8: after shard 1 of 2 ran, a rerun of it (a CI job that restored its staging
-    folder) tests nothing and takes every verdict from the cache, shard 2 tests all of its own, an
-    --only run re-tests what it names, and a changed function's mutants are tested again."""
+    """Real mutmut 3.8: a rerun of shard 1 of 2 (a CI job that restored its folder) takes every verdict
+    from the cache; shard 2, an --only run's mutants and a changed function's are tested."""
     staging = make_staging(tmp_path / "staging")
     hashes = mutation_shard.list_mutants(staging)
     first, second = (mutation_shard.shard(hashes, i, 2) for i in (1, 2))
@@ -262,41 +261,3 @@ def test_a_failed_listing_says_so_and_leaves_no_listing_process_running(tmp_path
     assert all(proc.returncode is not None for proc in started), "a listing process was left running"
     assert not (staging / "mutant-list.json").exists()
 
-
-def test_a_cuda_run_collects_mutmut_s_stats_apart_and_tests_no_mutant_while_it_does(tmp_path):
-    """Real mutmut 3.8: warm_stats leaves the stats behind and every mutant unjudged, so the run
-    after it forks its children from a process that ran no test (on CUDA: held no context)."""
-    staging = make_staging(tmp_path / "staging")
-    mutation_run.warm_stats(staging, tmp_path / "stats.log")
-    stats = json.loads((staging / "mutants" / "mutmut-stats.json").read_text())
-    assert set(stats["duration_by_test"]) == {"tests/test_calc.py::test_add", "tests/test_calc.py::test_half"}
-    assert mutation_results.cached_verdicts([], staging) == {}, "no mutant may be tested while stats are collected"
-    (staging / "tests" / "test_calc.py").write_text("import engine.nowhere\n")
-    with pytest.raises(ValueError, match="collecting mutmut's test stats failed"):
-        mutation_run.warm_stats(staging, tmp_path / "broken.log")
-
-
-def test_a_mutant_child_that_cannot_use_cuda_refuses_to_judge(monkeypatch):
-    """Every CUDA test in such a child fails, so its verdict would be a kill of anything: the
-    plugin stops it with a usage error (pytest's exit 4: mutmut's `suspicious`, a failed run)."""
-    import torch
-    from tqdm import tqdm
-
-    from mutants import mutation_plugin
-    monkeypatch.setattr(tqdm, "_lock", tqdm.get_lock())  # the clean configure below gives tqdm a lock of its own
-    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
-    with pytest.raises(pytest.UsageError, match="forked after CUDA was initialized"):
-        mutation_plugin.pytest_configure(None)
-    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
-
-    def no_driver():
-        raise RuntimeError("CUDA error: initialization error")
-    monkeypatch.setattr(torch.cuda, "init", no_driver)
-    monkeypatch.setenv("SPECGATE_DEVICE", "cuda")
-    monkeypatch.setenv("MUTANT_UNDER_TEST", "")
-    mutation_plugin.pytest_configure(None)  # the parent's own sessions (stats, clean tests) start no CUDA
-    monkeypatch.setenv("MUTANT_UNDER_TEST", "engine.calc.x_add__mutmut_1")
-    with pytest.raises(pytest.UsageError, match="CUDA does not start in this mutant's child"):
-        mutation_plugin.pytest_configure(None)
-    monkeypatch.setenv("SPECGATE_DEVICE", "cpu")
-    mutation_plugin.pytest_configure(None)  # a CPU run's child never starts CUDA

@@ -107,3 +107,16 @@ def test_a_tokenizer_config_we_cannot_follow_is_refused_by_name(hf_tokenizer_dir
         HFTokenizer(folder)
     (folder / "tokenizer_config.json").unlink()  # no tokenizer_config.json: tokenizer.json alone decides
     assert_same_as_transformers(folder)
+
+
+def test_the_vocabulary_counts_the_tokens_added_to_tokenizer_json(hf_tokenizer_dir, tmp_path):
+    """An added token (as `tokenizer.add_tokens` saves it) is an id the model may emit: the size
+    the engine checks against the model's vocab_size counts it."""
+    from tokenizers import Tokenizer
+    folder = tmp_path / "added"
+    shutil.copytree(hf_tokenizer_dir, folder)
+    base = HFTokenizer(folder).vocab_size
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tok.add_tokens(["<|specgate-extra|>"]) == 1
+    tok.save(str(folder / "tokenizer.json"))
+    assert HFTokenizer(folder).vocab_size == base + 1

@@ -31,7 +31,7 @@ def test_the_gates_and_the_bench_use_the_one_definition():
 def test_params_per_request_with_the_host_history_processor_passed_in():
     w = Workload(("a", (1, 2, 3)), max_tokens=(3, 5), arrival_steps=(0, 2), host_history=(False, True),
                  temperature=0.5, seeds=(7, None))
-    with pytest.raises(ValueError, match="host_processor"):
+    with pytest.raises(ValueError, match="^workload: host-history requests need a host_processor$"):
         w.params()
     first, second = w.params(gate_workloads.no_immediate_repeat, seed=1, ignore_eos=True)
     assert first == SamplingParams(temperature=0.5, max_tokens=3, seed=7, ignore_eos=True)
@@ -78,3 +78,9 @@ def test_a_workload_built_from_lists_is_the_frozen_one_built_from_tuples():
     with pytest.raises(ValueError) as refused:
         Workload(("a",), ())
     assert str(refused.value) == "workload: max_tokens is required per request"
+
+
+def test_a_uniform_workload_is_greedy_unless_asked_and_arrives_at_once():
+    w = Workload.uniform(["a", "bc"], 4)
+    assert (w.temperature, w.max_tokens, w.arrivals()) == (0.0, (4, 4), [0, 0])
+    assert Workload.uniform(["a"], 4, temperature=0.8).temperature == 0.8

@@ -73,8 +73,7 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
     """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
     output goes to log_path. `patterns`: mutmut names or patterns (each named mutant is re-tested)."""
     from tqdm import tqdm
-    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
-                    **(env or {}))
+    env = mutmut_env(env)
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
     terminal = sys.stderr.isatty()
     bar = tqdm(desc="mutants", unit="mutant", mininterval=0.5, dynamic_ncols=True, file=sys.stderr,
@@ -103,6 +102,12 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
         return proc.wait()
 
 
+def mutmut_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A mutmut run's environment: one torch thread (see above), the mutation Hypothesis profile."""
+    return child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
+                     **(extra or {}))
+
+
 NOTHING = "specgate-warm-stats-only"  # a mutant name that matches nothing
 # A CUDA run's environment: torch.cuda.is_available() (run as the test modules are imported, in
 # the process mutmut forks from) asks NVML rather than start the CUDA driver, which no forked
@@ -115,8 +120,7 @@ def warm_stats(staging: Path, log_path: Path, env: dict[str, str] | None = None)
     mutmut runs the stats' tests in the process it then forks each mutant's child from; on CUDA
     that process would hold an initialized CUDA context no forked child can use. A second
     `mutmut run` then finds the stats current and runs no test before forking."""
-    env = child_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYPOTHESIS_PROFILE="mutation", PYTHONHASHSEED="0",
-                    **(env or {}))
+    env = mutmut_env(env)
     proc = subprocess.run([sys.executable, "-m", "mutmut", "run", NOTHING], cwd=staging, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log_path.write_text(proc.stdout)

@@ -55,6 +55,10 @@ SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.muta
 # a CPU run's, and a run stopped part way resumes where it stopped.
 CUDA_STAGING = REPO / "build" / "mutmut-cuda"
 CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", *SUITE[1:])
+# mutmut's default isolation runs the clean tests in its own process and forks each mutant's
+# child from it: after CUDA tests ran there, no child can start CUDA. A CUDA run takes mutmut's
+# fork server instead, a process that imports the suite but runs no test, and runs the stats and
+# clean tests in children of its own.
 DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution",
               "gates/lossless.py::test_negative_control_lossy_engine_fails_the_distribution_test",
               "gates/predicate_split.py::test_mixed_batches_async_equals_sync",
@@ -144,5 +148,6 @@ def staging_config(suite: tuple[str, ...] = SUITE) -> str:
         f"pytest_add_cli_args_test_selection = {json.dumps(list(suite))}",
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
         f"timeout_constant = {TIMEOUT_CONSTANT}",
+        f'process_isolation = "{"forkserver" if suite == CUDA_SUITE else "fork"}"',
         "",
     ])

@@ -2,6 +2,7 @@
 process of their own (so the process that forks each mutant's child never started CUDA), and a
 mutant's child in which CUDA does not start refuses to judge rather than read as a kill."""
 import json
+import tomllib
 
 import pytest
 
@@ -46,3 +47,20 @@ def test_a_mutant_child_that_cannot_use_cuda_refuses_to_judge(monkeypatch):
         mutation_plugin.pytest_configure(None)
     monkeypatch.setenv("SPECGATE_DEVICE", "cpu")
     mutation_plugin.pytest_configure(None)  # a CPU run's child never starts CUDA
+
+
+def test_a_cuda_run_forks_its_children_from_mutmut_s_fork_server_and_a_cpu_run_from_mutmut(tmp_path):
+    """The CUDA staging asks for mutmut's fork server (its clean tests and stats run in children,
+    never in the process the mutants' children fork from); the CPU staging keeps the faster
+    default. Real mutmut 3.8 on the two-function package gives the same verdicts either way."""
+    from mutants.mutation_stage import CUDA_SUITE, SUITE, staging_config
+    assert tomllib.loads(staging_config(CUDA_SUITE))["tool"]["mutmut"]["process_isolation"] == "forkserver"
+    assert tomllib.loads(staging_config(SUITE))["tool"]["mutmut"]["process_isolation"] == "fork"
+    verdicts = {}
+    for isolation in ("fork", "forkserver"):
+        staging = make_staging(tmp_path / isolation)
+        with open(staging / "pyproject.toml", "a") as f:
+            f.write(f'process_isolation = "{isolation}"\n')
+        assert mutation_run.run_mutmut([], 1, tmp_path / f"{isolation}.log", staging) == 0
+        verdicts[isolation] = {r.name: r.status for r in mutation_results.read_results([], {}, staging)}
+    assert verdicts["fork"] == verdicts["forkserver"] and "killed" in verdicts["fork"].values()

@@ -29,15 +29,20 @@ def read_state_dict(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ModelLoadError(f"{path} is not a readable safetensors file: {e}") from None
 
 
+def check_names(expected, stored, optional: tuple[str, ...], source: str) -> None:
+    """Refuse a checkpoint whose tensor names are not the model's, naming the first five of each."""
+    missing = [n for n in expected if n not in stored and n not in optional]
+    unexpected = [n for n in stored if n not in expected]
+    if missing or unexpected:
+        raise ModelLoadError(f"{source}: tensors do not match the config: missing {missing[:5]}"
+                             f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
+
+
 def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
                  optional: tuple[str, ...] = ()) -> None:
     """Copy `state` into `module`, refusing missing, unexpected or mis-shaped tensors by name."""
     expected = {name: p for name, p in module.state_dict().items()}
-    missing = [n for n in expected if n not in state and n not in optional]
-    unexpected = [n for n in state if n not in expected]
-    if missing or unexpected:
-        raise ModelLoadError(f"{source}: tensors do not match the config: missing {missing[:5]}"
-                             f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
+    check_names(expected, state, optional, source)
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ModelLoadError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the config "
@@ -95,12 +100,7 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
         model = LlamaForCausalLM(cfg)
     expected = model.state_dict()
     stored = [n for names in shards.values() for n in names]
-    optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    missing = [n for n in expected if n not in stored and n not in optional]
-    unexpected = [n for n in stored if n not in expected]
-    if missing or unexpected:
-        raise ModelLoadError(f"{source}: tensors do not match the config: missing {missing[:5]}"
-                             f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}")
+    check_names(expected, stored, ("lm_head.weight",) if cfg.tie_word_embeddings else (), source)
     stored_head = None
     for shard, names in shards.items():
         with safe_open(str(shard), "pt", device="cpu") as f:

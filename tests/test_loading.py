@@ -163,6 +163,22 @@ def test_target_weight_mismatch_names_the_target_s_weights_file(tmp_path):
     assert str(info.value).startswith(f"{tmp_path / WEIGHTS_FILE}: tensors do not match the config: missing ")
 
 
+def test_a_sharded_folder_s_mismatch_names_its_index(tmp_path, llama3_sharded_dir):
+    folder = tmp_path / "sharded"
+    shutil.copytree(llama3_sharded_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] - 1}))
+    with pytest.raises(ModelLoadError) as info:
+        load_model(folder)
+    assert str(info.value).startswith(f"{folder / 'model.safetensors.index.json'}: tensors do not match the config: "
+                                      "missing [], unexpected ['model.layers.")
+
+
+def test_loaded_weights_are_frozen_parameters(target_dir):
+    params = dict(load_model(target_dir).named_parameters())
+    assert params and not any(p.requires_grad for p in params.values())
+
+
 def linears(n):
     return torch.nn.Sequential(*(torch.nn.Linear(1, 1, bias=False) for _ in range(n)))
 

@@ -48,6 +48,8 @@ def status_file(tmp_path, monkeypatch):
 def test_memory_is_read_from_proc_status_in_mib(status_file):
     status_file(STATUS)
     assert memory_mib() == {"peak": 512.9765625, "now": 256.9765625, "anon": 128.9765625, "file": 64.9765625}
+    status_file(STATUS.replace("Name:\tpython3", "Name:\tspecgate: a::b"))  # a value may hold colons
+    assert memory_mib()["peak"] == 512.9765625
     status_file(OLD_KERNEL_STATUS)
     assert memory_mib() == {"peak": 2.0, "now": 1.0, "anon": None, "file": None}  # not reported is not zero
 

@@ -150,6 +150,19 @@ def test_flex_on_cuda_takes_any_block_size_that_is_a_multiple_of_16(block_size):
         == block_size
 
 
+def test_the_uncompiled_flex_reference_raises_no_warning_that_it_is_uncompiled(make_llm):
+    """flex's unfused path on the CPU is the point of the reference: torch's warning about it is
+    silenced there."""
+    import warnings
+
+    from engine.sampling import SamplingParams
+    llm = make_llm(attention_backend="flex")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3))
+    assert not [w for w in caught if "without torch.compile" in str(w.message)]
+
+
 def test_flex_engine_gives_the_reference_tokens_on_cpu():
     """The fixture target, greedy, ngram spec (k=3), async runner over the graph arm (padded on
     the CPU): mixed prompts and arrivals give the same tokens under both backends, and with

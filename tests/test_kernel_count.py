@@ -38,6 +38,29 @@ def test_refuses_the_graph_arm_a_busy_engine_and_a_workload_too_short(make_llm):
         count_kernels(make_llm(), Workload.uniform([[5, 6]], max_tokens=3))
 
 
+@pytest.mark.parametrize("leaves", ["finished", "preempted"])
+def test_a_request_that_leaves_the_batch_inside_the_window_is_refused(make_llm, monkeypatch, leaves):
+    """The window's count is per step of one batch: a request that finished (left the running
+    set) or was preempted (back to waiting) inside it makes the count another batch's."""
+    import contextlib
+
+    import torch
+    llm = make_llm(spec="ngram", num_spec_tokens=2, max_num_seqs=3)
+    profile = torch.profiler.profile
+
+    @contextlib.contextmanager
+    def profile_then_leave(**kwargs):
+        with profile(**kwargs) as prof:
+            yield prof
+            if leaves == "finished":
+                llm.scheduler.running.pop()
+            else:  # waiting again, and the running set as many (as when a new arrival took the slot)
+                llm.scheduler.waiting.append(llm.scheduler.running[0])
+    monkeypatch.setattr(torch.profiler, "profile", profile_then_leave)
+    with pytest.raises(RuntimeError, match="^a request was preempted or finished inside the profiled decode window$"):
+        count_kernels(llm, Workload.uniform([[5, 6, 7, 8], [9, 10], [11, 12, 13]], max_tokens=40), max_steps=2)
+
+
 def test_the_shortest_window_is_one_decode_step_and_it_decodes_past_eos(make_llm):
     """max_tokens=4 leaves exactly one step to profile (3 tokens left after the warm-up step, at
     k+1 = 1 a step, less the step the host learns late and the last one). The prompt's greedy

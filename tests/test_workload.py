@@ -84,3 +84,9 @@ def test_a_uniform_workload_is_greedy_unless_asked_and_arrives_at_once():
     w = Workload.uniform(["a", "bc"], 4)
     assert (w.temperature, w.max_tokens, w.arrivals()) == (0.0, (4, 4), [0, 0])
     assert Workload.uniform(["a"], 4, temperature=0.8).temperature == 0.8
+
+
+def test_seeds_are_in_the_fingerprint_whenever_any_is_set():
+    seeded = dict(prompts=("a", "b"), max_tokens=(3, 3))
+    assert Workload(**seeded, seeds=(1, 2)).fingerprint() != Workload(**seeded, seeds=(1, 3)).fingerprint()
+    assert Workload(**seeded, seeds=(None, None)).fingerprint() == Workload(**seeded).fingerprint()

@@ -90,3 +90,8 @@ def test_seeds_are_in_the_fingerprint_whenever_any_is_set():
     seeded = dict(prompts=("a", "b"), max_tokens=(3, 3))
     assert Workload(**seeded, seeds=(1, 2)).fingerprint() != Workload(**seeded, seeds=(1, 3)).fingerprint()
     assert Workload(**seeded, seeds=(None, None)).fingerprint() == Workload(**seeded).fingerprint()
+
+
+def test_each_request_s_params_carry_its_own_stop_ids():
+    w = Workload(("a", "b"), max_tokens=(3, 4), stop_token_ids=((5, 6), ()))
+    assert [p.stop_token_ids for p in w.params()] == [[5, 6], []]

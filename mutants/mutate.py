@@ -23,8 +23,8 @@ from mutants.mutation_report import MutantRecord, score_line, summarise, write_r
 from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
 from mutants.mutation_shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
 from mutants.mutation_run import CUDA_RUN_ENV, changed_functions, git, run_mutmut, warm_stats
-from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE, stage,
-                                    suite_fingerprint)
+from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE,
+                                    drop_stale_stats, record_stats_functions, stage, suite_fingerprint)
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
@@ -50,6 +50,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         hashes, in_run, not_rerun, cached_now, to_test = None, None, set(), set(), patterns
     else:
         hashes = list_mutants(staging)
+        if new := drop_stale_stats(staging, functions_of(hashes)):
+            print(f"mutate: {new} functions are new since mutmut collected its test stats: it collects them again, "
+                  f"and the mutants its old stats left with no tests are tested again")
         in_run, not_rerun, cached_now, to_test = plan_run(hashes, equivalents, staging, patterns, shard, cuda)
     complete = not (patterns or shard or cuda)
     if hashes is not None:
@@ -69,6 +72,8 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging, env=CUDA_RUN_ENV if cuda else None)
         if rc != 0:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
+        if hashes is not None:
+            record_stats_functions(staging, functions_of(hashes))
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r
                for r in read_results(patterns if in_run is None else [], equivalents, staging,
                                      names=None if in_run is None else set(in_run))]
@@ -99,6 +104,10 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         print(update_baseline(summary, commit))
     print(score_line(summary))
     return 1 if problems else 0
+
+
+def functions_of(mutant_names) -> set[str]:
+    return {name.rpartition("__mutmut_")[0] for name in mutant_names}
 
 
 def _reviewed(record: MutantRecord, equivalents) -> MutantRecord:

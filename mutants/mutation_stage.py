@@ -73,6 +73,8 @@ PYTEST_ARGS = ("-p", "gates.plugin", "--gates-per-test", "-p", "mutation_plugin"
 # lets a real hang hold a core. The engine raises on a stalled scheduler, so hangs are rare.
 TIMEOUT_MULTIPLIER, TIMEOUT_CONSTANT = 8.0, 30.0
 KILLED_EXIT_CODES = (1, 3)  # pytest's exit status for failed tests, and for an internal error
+NO_TESTS_EXIT_CODES = (5, 33)  # pytest's "no tests collected", and mutmut's "no test covers this function"
+STATS_FUNCTIONS = "stats-functions.json"  # in the staging folder: the functions mutmut's stats map
 
 
 def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
@@ -117,14 +119,35 @@ def suite_fingerprint(suite: tuple[str, ...] = SUITE) -> str:
     return h.hexdigest()
 
 
-def reset_verdicts(staging: Path, keep: tuple[int, ...]) -> int:
-    """Forget mutmut's cached verdicts (exit codes) except those in `keep`."""
+def drop_stale_stats(staging: Path, functions: set[str]) -> int:
+    """mutmut maps each function to the tests that call it once, when it collects its stats, and
+    later only adds new tests: a function added to the sources since has no tests in that map, so
+    its mutants read `no tests` although tests call it. When functions appeared since the stats
+    were collected (STATS_FUNCTIONS, written after each run), the stats are dropped and mutmut
+    collects them again. Returns how many functions are new (0: the stats stand)."""
+    stats, seen = staging / "mutants" / "mutmut-stats.json", staging / STATS_FUNCTIONS
+    if not (stats.exists() and seen.exists()):
+        return 0
+    new = functions - set(json.loads(seen.read_text()))
+    if new:
+        stats.unlink()
+        reset_verdicts(staging, keep=(), only=NO_TESTS_EXIT_CODES)  # their `no tests` came from the old map
+    return len(new)
+
+
+def record_stats_functions(staging: Path, functions: set[str]) -> None:
+    """After a run: the functions mutmut's stats now map."""
+    (staging / STATS_FUNCTIONS).write_text(json.dumps(sorted(functions)))
+
+
+def reset_verdicts(staging: Path, keep: tuple[int, ...], only: tuple[int, ...] | None = None) -> int:
+    """Forget mutmut's cached verdicts (exit codes) except those in `keep` (of those in `only`, if given)."""
     reset = 0
     for meta_path in (m for source in SOURCES for m in (staging / "mutants" / source).rglob("*.meta")):
         meta = json.loads(meta_path.read_text())
         codes = meta["exit_code_by_key"]
         for name, code in codes.items():
-            if code is not None and code not in keep:
+            if code is not None and code not in keep and (only is None or code in only):
                 codes[name] = None
                 reset += 1
         meta_path.write_text(json.dumps(meta, indent=4))

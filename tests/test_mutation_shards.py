@@ -261,3 +261,21 @@ def test_a_failed_listing_says_so_and_leaves_no_listing_process_running(tmp_path
     assert all(proc.returncode is not None for proc in started), "a listing process was left running"
     assert not (staging / "mutant-list.json").exists()
 
+
+
+def test_functions_new_since_the_stats_were_collected_drop_them_and_their_no_tests_verdicts(tmp_path):
+    """Real mutmut 3.8: a function added after the stats were collected has no tests in mutmut's
+    map; dropping the stats (and the `no tests` verdicts they gave) lets the next run map it."""
+    from mutants.mutation_stage import drop_stale_stats, record_stats_functions
+    staging = make_staging(tmp_path / "staging")
+    assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == 0
+    functions = {n.rpartition("__mutmut_")[0] for n in mutation_shard.list_mutants(staging)}
+    assert drop_stale_stats(staging, functions) == 0, "no record yet: the stats stand"
+    record_stats_functions(staging, functions)
+    assert drop_stale_stats(staging, functions) == 0 and (staging / "mutants" / "mutmut-stats.json").exists()
+    verdicts = mutation_results.cached_verdicts([], staging)
+    no_tests = {r.name for r in mutation_results.read_results([], {}, staging) if r.status == "no tests"}
+    assert no_tests, "calc's scale has no test"
+    assert drop_stale_stats(staging, functions | {"engine.calc.x_new"}) == 1
+    assert not (staging / "mutants" / "mutmut-stats.json").exists()
+    assert set(mutation_results.cached_verdicts([], staging)) == set(verdicts) - no_tests

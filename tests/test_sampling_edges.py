@@ -91,6 +91,19 @@ def test_a_request_failing_inside_the_step_fails_alone(make_llm, async_runner, s
     assert not llm.has_unfinished()
 
 
+def test_a_failed_request_ends_at_the_step_it_failed_in(make_llm):
+    """Its processor fails on its third call: the third step that samples for it (steps 0, 1, 2);
+    a step hands it back finished, once."""
+    llm = make_llm(max_num_seqs=4)
+    failing = llm.add_request(PROMPTS[1], greedy(logits_processors=[FailsOnCall(3)]))
+    llm.add_request(PROMPTS[0], greedy())
+    returned = []
+    while llm.has_unfinished():
+        returned.append(llm.step())
+    assert failing.finish_reason == "error" and failing.finish_step == 2
+    assert sum(failing in done for done in returned) == 1
+
+
 def truncated(ids, row):
     return row[:3]
 

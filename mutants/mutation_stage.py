@@ -35,8 +35,8 @@ def is_mutated(path: str) -> bool:
 # tests of the `specgate` command (it imports mutants/ to build its parser) and of the proof's order.
 STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
 UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
-                  "test_mutation_shards.py", "test_mutation_cuda.py", "test_mutation_ratchet.py", "test_architecture.py", "test_speed.py",
-                  "test_cli_runner_flag.py",
+                  "test_mutation_shards.py", "test_mutation_cuda.py", "test_mutation_ratchet.py",
+                  "test_architecture.py", "test_speed.py", "test_cli_runner_flag.py",
                   # the HTML reports in a browser, the README and the GPU shell script: no engine code, and
                   # not staged
                   "test_report_render.py", "test_docs.py", "test_prove_output.py", "test_prove_phases.py",

@@ -150,12 +150,15 @@ def test_flex_on_cuda_takes_any_block_size_that_is_a_multiple_of_16(block_size):
         == block_size
 
 
-def test_the_uncompiled_flex_reference_raises_no_warning_that_it_is_uncompiled(make_llm):
+def test_the_uncompiled_flex_reference_raises_no_warning_that_it_is_uncompiled(make_llm, monkeypatch):
     """flex's unfused path on the CPU is the point of the reference: torch's warning about it is
-    silenced there."""
+    silenced there. torch warns once a process, so its record of warnings shown starts empty."""
     import warnings
 
+    import torch.nn.attention.flex_attention as flex
+
     from engine.sampling import SamplingParams
+    monkeypatch.setattr(flex, "_WARNINGS_SHOWN", set())
     llm = make_llm(attention_backend="flex")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

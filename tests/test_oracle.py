@@ -186,3 +186,14 @@ def test_a_preempted_request_replays_from_its_new_slot(make_llm, workload, plain
     tokens, acc, outs = run_oracle(make_llm, workload, plain, 3.0, num_kv_blocks=24, async_runner=True)
     assert sum(o.stats.num_preemptions for o in outs) > 0
     assert tokens == plain[1] and acc.num_accepted_tokens > 0
+
+
+def test_two_requests_with_one_prompt_draw_their_own_coins(make_llm, workload, plain):
+    """The corruption is keyed by each request's own key (its seed, or the engine seed's draw for
+    it), not by its prompt alone: the same prompt twice is corrupted at other positions."""
+    llm, _ = plain
+    twice = Workload((workload.prompts[0],) * 2, max_tokens=(96, 96))
+    oracle = make_llm(spec="oracle", num_spec_tokens=K, oracle=oracle_script(llm, twice, K, 2.5), max_num_seqs=2)
+    outs = oracle.generate(twice.prompt_list(), twice.params(ignore_eos=True))
+    assert outs[0].token_ids == outs[1].token_ids  # lossless: the same tokens
+    assert outs[0].stats.accepted_per_position != outs[1].stats.accepted_per_position

@@ -44,6 +44,8 @@ def test_top_k_beyond_the_vocabulary_is_refused_at_add_time_and_the_engine_keeps
         with pytest.raises(RequestError, match=rf"top_k \({top_k}\) exceeds the vocabulary \(260\)"):
             llm.generate(PROMPTS, SamplingParams(top_k=top_k))
     assert SamplingParams(top_k=260).top_k == 260
+    whole = llm.generate(PROMPTS, SamplingParams(temperature=1.0, top_k=260, seed=1, max_tokens=4, ignore_eos=True))
+    assert [len(o.token_ids) for o in whole] == [4, 4, 4]
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == expected
 
 

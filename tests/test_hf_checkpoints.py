@@ -14,7 +14,7 @@ from engine.errors import ModelLoadError, SpecgateError
 from engine.tokenizer import HFTokenizer
 
 transformers = pytest.importorskip("transformers")
-from conftest import LLAMA2, LLAMA3, edit_json  # noqa: E402  (tests/conftest.py)
+from conftest import LLAMA3, edit_json  # noqa: E402  (tests/conftest.py)
 
 # One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
 # `make test` runs --dist loadgroup, which keeps this group together.

@@ -3,7 +3,6 @@ checked exactly and step by step. Runs drive llm.step() themselves with a bound 
 of steps, so a broken loop fails instead of spinning.
 Over 300 lines because it follows one loop from construction to output, and its bounded runs are
 marked as a whole for the mutation runs (pytestmark)."""
-import math
 from pathlib import Path
 
 import pytest

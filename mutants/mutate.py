@@ -22,7 +22,7 @@ from mutants.mutation_ratchet import (baseline_commit, baseline_record, load_bas
 from mutants.mutation_report import MutantRecord, score_line, summarise, write_reports
 from mutants.mutation_results import cached_verdicts, load_equivalents, read_results
 from mutants.mutation_shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
-from mutants.mutation_run import CUDA_RUN_ENV, changed_functions, git, run_mutmut, warm_stats
+from mutants.mutation_run import CUDA_RUN_ENV, changed_functions, git, run_mutmut
 from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE,
                                     drop_stale_stats, record_stats_functions, stage, suite_fingerprint)
 
@@ -47,10 +47,11 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     if since:
         # Every function in a --since run changed, so its mutmut hash did and no reviewed mutant
         # of it can be skipped: the run names the patterns and needs no listing of every mutant.
-        hashes, in_run, not_rerun, cached_now, to_test = None, None, set(), set(), patterns
+        hashes, in_run, not_rerun, cached_now, to_test, functions = None, None, set(), set(), patterns, set()
     else:
         hashes = list_mutants(staging)
-        if new := drop_stale_stats(staging, functions_of(hashes)):
+        functions = {name.rpartition("__mutmut_")[0] for name in hashes}
+        if new := drop_stale_stats(staging, functions):
             print(f"mutate: {new} functions are new since mutmut collected its test stats: it collects them again, "
                   f"and the mutants its old stats left with no tests are tested again")
         in_run, not_rerun, cached_now, to_test = plan_run(hashes, equivalents, staging, patterns, shard, cuda)
@@ -67,13 +68,11 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
           f"{max_children} children, {scope}: {counts}", flush=True)
     cached = cached_verdicts([], staging)
     if to_test:
-        if cuda:
-            warm_stats(staging, report_dir / "mutmut-stats.log", env=CUDA_RUN_ENV)
         rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging, env=CUDA_RUN_ENV if cuda else None)
         if rc != 0:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
-        if hashes is not None:
-            record_stats_functions(staging, functions_of(hashes))
+        if functions:
+            record_stats_functions(staging, functions)
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r
                for r in read_results(patterns if in_run is None else [], equivalents, staging,
                                      names=None if in_run is None else set(in_run))]
@@ -104,10 +103,6 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
         print(update_baseline(summary, commit))
     print(score_line(summary))
     return 1 if problems else 0
-
-
-def functions_of(mutant_names) -> set[str]:
-    return {name.rpartition("__mutmut_")[0] for name in mutant_names}
 
 
 def _reviewed(record: MutantRecord, equivalents) -> MutantRecord:

@@ -2,8 +2,8 @@
 run first, then the fastest. mutmut stops a mutant's run at its first failing test (-x), so a
 killed mutant pays only for the tests before the one that kills it, and a mutant that stops
 the engine loop from finishing fails a bounded test instead of hanging an unbounded one. Each
-child also takes a tqdm lock of its own, and refuses to run in a process forked after CUDA was
-initialized (pytest_configure)."""
+child also takes a tqdm lock of its own, and a CUDA run's child refuses to judge where CUDA does
+not start (pytest_configure)."""
 import json
 from pathlib import Path
 
@@ -19,20 +19,17 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_configure(config):
-    # A child that cannot use CUDA fails every CUDA test, and each mutant would read as killed.
-    # That happens when the process it was forked from initialized CUDA: torch's own lazy init
-    # (a "bad fork"), or only the driver, which torch.cuda.is_available() does unless
-    # PYTORCH_NVML_BASED_CUDA_CHECK=1 (set for CUDA runs, mutation_run.CUDA_RUN_ENV). A CUDA run's
-    # mutant child checks that CUDA starts, and stops with a usage error (exit 4: mutmut's
-    # `suspicious`, a failed run for specgate) when it does not: never a verdict.
+    # A CUDA run's mutant child that cannot use CUDA fails every CUDA test, and each mutant would
+    # read as killed: it happens when the process it was forked from started CUDA (torch's lazy
+    # init, or only the driver, which torch.cuda.is_available() starts unless
+    # PYTORCH_NVML_BASED_CUDA_CHECK=1, set for CUDA runs: mutation_run.CUDA_RUN_ENV). So the child
+    # starts CUDA first and, when it cannot (a bad fork raises here too), stops with a usage error
+    # (exit 4: mutmut's `suspicious`, a failed run for specgate): never a verdict.
     import os
 
     import pytest
-    import torch
-    if torch.cuda._is_in_bad_fork():
-        raise pytest.UsageError("this process was forked after CUDA was initialized in its parent, so CUDA "
-                                "cannot run here and every CUDA test would fail: no verdict can be taken")
     if os.environ.get("SPECGATE_DEVICE") == "cuda" and "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
+        import torch
         try:
             torch.cuda.init()
         except Exception as e:  # the driver's own error, e.g. "CUDA error: initialization error"

@@ -108,25 +108,10 @@ def mutmut_env(extra: dict[str, str] | None = None) -> dict[str, str]:
                      **(extra or {}))
 
 
-NOTHING = "specgate-warm-stats-only"  # a mutant name that matches nothing
 # A CUDA run's environment: torch.cuda.is_available() (run as the test modules are imported, in
-# the process mutmut forks from) asks NVML rather than start the CUDA driver, which no forked
-# child could then use (mutants/mutation_plugin.py checks each child).
+# mutmut's fork server, which forks each mutant's child) asks NVML rather than start the CUDA
+# driver, which no forked child could then use (mutants/mutation_plugin.py checks each child).
 CUDA_RUN_ENV = {"SPECGATE_DEVICE": "cuda", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-
-
-def warm_stats(staging: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
-    """Let mutmut collect (or update) its test stats in a process of its own, testing no mutant.
-    mutmut runs the stats' tests in the process it then forks each mutant's child from; on CUDA
-    that process would hold an initialized CUDA context no forked child can use. A second
-    `mutmut run` then finds the stats current and runs no test before forking."""
-    env = mutmut_env(env)
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", NOTHING], cwd=staging, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log_path.write_text(proc.stdout)
-    if "Filtered for specific mutants, but nothing matches" not in proc.stdout:
-        raise ValueError(f"collecting mutmut's test stats failed (exit status {proc.returncode}); "
-                         f"its output is in {log_path}")
 
 
 def _chunks(stream):

@@ -45,4 +45,16 @@ def test_sampling_keys_apply_only_with_do_sample_and_unset_ones_take_transformer
     # a vocabulary of 50: a top-k of 50 would be all of it, so none
     small = dataclasses.replace(model_config, vocab_size=50, bos_token_id=None, eos_token_id=None, eos_token_ids=(1,))
     assert defaults(tmp_path, small, do_sample=True).sampling == {"temperature": 1.0, "top_k": -1}
+    # one token more, and a top-k of 50 leaves one out
+    one_more = dataclasses.replace(small, vocab_size=51)
+    assert defaults(tmp_path, one_more, do_sample=True).sampling == {"temperature": 1.0, "top_k": 50}
     assert defaults(tmp_path, model_config, max_new_tokens=7).sampling == {"temperature": 0.0, "max_tokens": 7}
+
+
+def test_sampling_values_a_request_would_refuse_are_a_load_error_naming_the_file(tmp_path, model_config):
+    path = tmp_path / "generation_config.json"
+    for raw, message in ((dict(do_sample=True, top_p=1.5), "top_p must be in (0, 1], got 1.5"),
+                         (dict(max_new_tokens=0), "max_tokens must be an integer >= 1, got 0")):
+        with pytest.raises(ModelLoadError) as error:
+            defaults(tmp_path, model_config, **raw)
+        assert str(error.value) == f"{path}: {message}"

@@ -31,6 +31,7 @@ def test_a_file_without_eos_keeps_config_json_s_ids_and_one_with_it_replaces_the
 def test_an_eos_id_must_be_inside_the_vocabulary(tmp_path, model_config):
     last = model_config.vocab_size - 1
     assert defaults(tmp_path, model_config, eos_token_id=last).eos_token_ids == (last,)
+    assert defaults(tmp_path, model_config, eos_token_id=0).eos_token_ids == (0,)
     for bad in (model_config.vocab_size, -1, True, 2.0):
         with pytest.raises(ModelLoadError, match=r"eos_token_id must be token ids in \[0, "):
             defaults(tmp_path, model_config, eos_token_id=bad)

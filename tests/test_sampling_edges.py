@@ -29,6 +29,10 @@ def test_the_smallest_sampled_temperature_gives_finite_probabilities():
     logits = torch.tensor([[30.0, -30.0, 0.0]])
     probs = processed_probs(logits, torch.tensor([1e-5]), torch.tensor([-1]), torch.tensor([1.0]))
     assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+    # sampled, not greedy: two tied tokens share the mass instead of the argmax taking it all
+    tied = processed_probs(torch.tensor([[1.0, 1.0]]), torch.tensor([MIN_TEMPERATURE]), torch.tensor([-1]),
+                           torch.tensor([1.0]))
+    assert tied.tolist() == [[0.5, 0.5]]
 
 
 @pytest.mark.parametrize("top_k", [MAX_TOP_K + 1, 2 ** 64])

@@ -85,6 +85,14 @@ def test_flex_equals_the_reference_on_mixed_ragged_batches(rows, gqa, seed):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_flex_equals_the_reference_when_the_head_dim_equals_the_query_head_count():
+    """GQA is told apart by the head counts, never by the head size: here they coincide."""
+    q, k, v, cache, inputs = paged_batch([(3, 9), (1, 6)], HEAD_DIM, 2, seed=0)
+    ref, _ = attend(q, k, v, cache, inputs)
+    out, _ = attend(q, k, v, cache, inputs, flex_kernels("cpu", BLOCK).any_shapes)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
 MIXED = [(7, 7), (1, 22), (4, 13), (1, 1), (5, 32)]  # prefill, decode, verify, a 1-token prompt, a chunk to a block end
 
 

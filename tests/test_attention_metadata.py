@@ -60,8 +60,9 @@ def test_attention_mask_is_causal_and_bounded_by_seq_len(positions, query_lens, 
     (2, 2, 4, [3, 5], 6),   # plain multi-head
     (4, 2, 8, [3, 4], 4),   # grouped-query, context length equal to the head count
     (4, 2, 2, [3, 5], 6),   # grouped-query, head_dim equal to the kv head count
+    (4, 2, 4, [3, 5], 6),   # grouped-query, head_dim equal to the query head count
     (6, 3, 4, [2, 6], 6),
-], ids=["mha", "gqa-ctx-eq-heads", "gqa-dim-eq-kv-heads", "gqa-3"])
+], ids=["mha", "gqa-ctx-eq-heads", "gqa-dim-eq-kv-heads", "gqa-dim-eq-heads", "gqa-3"])
 def test_paged_attention_equals_dense_causal_attention(heads, kv_heads, head_dim, lens, max_context_len):
     """Prefill every request but its last token, then decode that token from the cache: each
     output row equals dense causal attention over the request alone."""

@@ -85,9 +85,10 @@ def test_flex_equals_the_reference_on_mixed_ragged_batches(rows, gqa, seed):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_flex_equals_the_reference_when_the_head_dim_equals_the_query_head_count():
-    """GQA is told apart by the head counts, never by the head size: here they coincide."""
-    q, k, v, cache, inputs = paged_batch([(3, 9), (1, 6)], HEAD_DIM, 2, seed=0)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 2, 8), (4, 2, 2)], ids=["dim-eq-heads", "dim-eq-kv-heads"])
+def test_flex_equals_the_reference_when_the_head_dim_equals_a_head_count(heads, kv_heads, head_dim):
+    """GQA is told apart by the head counts, never by the head size: here one of them is it."""
+    q, k, v, cache, inputs = paged_batch([(3, 9), (1, 6)], heads, kv_heads, seed=0, head_dim=head_dim)
     ref, _ = attend(q, k, v, cache, inputs)
     out, _ = attend(q, k, v, cache, inputs, flex_kernels("cpu", BLOCK).any_shapes)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -1,7 +1,10 @@
 """config.json's rope settings and refused keys, read as transformers reads them: the two spellings
 of a rope must agree, its parameters are positive numbers, and a refused feature passes only at its
-neutral value."""
+neutral value; the inverse frequencies they give."""
+import math
+
 import pytest
+import torch
 
 
 @pytest.mark.parametrize("scaling, parameters, agree", [
@@ -55,3 +58,34 @@ def test_a_rope_parameter_must_be_given_as_a_positive_number(factor, message):
         parse_rope({"rope_parameters": rope}, "config.json")
     assert str(refused.value) == f"config.json: {message}"
     assert parse_rope({"rope_parameters": {"rope_type": "linear", "factor": 1e-3}}, "config.json")[1] is not None
+
+
+L31 = 8192  # Llama 3.1's original_max_position_embeddings
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": L31},
+    {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+     "original_max_position_embeddings": 4096},
+    # the first frequency (1.0, wavelength 2 pi) lies exactly on the long-wavelength bound
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": L31 / (2 * math.pi), "high_freq_factor": 2000.0,
+     "original_max_position_embeddings": L31},
+], ids=["linear", "llama3.1", "llama3-low-2", "llama3-on-the-bound"])
+def test_scaled_inverse_frequencies_are_transformers_own(rope):
+    """inv_freq against transformers' rope initialisation, bit for bit, wavelengths on the
+    bounds of the smooth band included."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from engine.rope import inv_freq, parse_rope
+    head_dim, theta = 16, 500000.0
+    rope = {**rope, "rope_theta": theta}
+    parsed_theta, scaling = parse_rope({"rope_parameters": rope}, "config.json")
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=head_dim, rope_parameters=rope,
+                         max_position_embeddings=4 * L31)
+    expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
+    assert parsed_theta == theta and torch.equal(inv_freq(head_dim, theta, scaling), expected)
+    if "low_freq_factor" in rope and rope["low_freq_factor"] > 2:
+        assert torch.tensor(2 * math.pi).item() == torch.tensor(L31 / rope["low_freq_factor"]).item()  # float32

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from engine.rope import DEFAULT_THETA
+
 
 @pytest.mark.parametrize("scaling, parameters, agree", [
     ({"type": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, False),
@@ -89,3 +91,22 @@ def test_scaled_inverse_frequencies_are_transformers_own(rope):
     assert parsed_theta == theta and torch.equal(inv_freq(head_dim, theta, scaling), expected)
     if "low_freq_factor" in rope and rope["low_freq_factor"] > 2:
         assert torch.tensor(2 * math.pi).item() == torch.tensor(L31 / rope["low_freq_factor"]).item()  # float32
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"rope_parameters": [10000.0]}, "rope settings must be a JSON object, got [10000.0]"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5 is not supported (only a full rotary head, 1.0)"),
+    ({"rope_parameters": {"rope_type": "default"}, "partial_rotary_factor": 0.5},
+     "partial_rotary_factor=0.5 is not supported (only a full rotary head, 1.0)"),
+], ids=["not-an-object", "partial-inside", "partial-beside"])
+def test_rope_settings_it_cannot_run_are_refused_by_name(raw, message):
+    """transformers 5 keeps partial_rotary_factor inside rope_parameters, 4 beside it: either is read."""
+    from engine.rope import parse_rope
+    with pytest.raises(ValueError) as refused:
+        parse_rope(raw, "config.json")
+    assert str(refused.value) == f"config.json: {message}"
+    for where in ("inside", "beside"):
+        rope = {"rope_type": "default", **({"partial_rotary_factor": 1.0} if where == "inside" else {})}
+        full = {"rope_parameters": rope, **({"partial_rotary_factor": 1.0} if where == "beside" else {})}
+        assert parse_rope(full, "config.json") == (DEFAULT_THETA, None)

@@ -110,3 +110,26 @@ def test_rope_settings_it_cannot_run_are_refused_by_name(raw, message):
         rope = {"rope_type": "default", **({"partial_rotary_factor": 1.0} if where == "inside" else {})}
         full = {"rope_parameters": rope, **({"partial_rotary_factor": 1.0} if where == "beside" else {})}
         assert parse_rope(full, "config.json") == (DEFAULT_THETA, None)
+
+
+@pytest.mark.parametrize("theta, message", [
+    (True, "rope_theta must be a positive number, got True"),
+    ("1e4", "rope_theta must be a positive number, got '1e4'"),
+    (0, "rope_theta must be a positive number, got 0"),
+    (-1.0, "rope_theta must be a positive number, got -1.0"),
+    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 1, "attention_factor": 1},
+     "rope key(s) attention_factor, beta_fast are not supported for rope_type='linear'"),
+    ({"rope_type": "dynamic"}, "rope_type='dynamic' needs factor"),
+], ids=["bool", "string", "zero", "negative", "unknown-keys", "dynamic-without-factor"])
+def test_a_rope_theta_or_rope_key_it_cannot_read_is_refused_by_name(theta, message):
+    from engine.rope import parse_rope
+    rope = theta if isinstance(theta, dict) else {"rope_type": "default", "rope_theta": theta}
+    with pytest.raises(ValueError) as refused:
+        parse_rope({"rope_parameters": rope}, "config.json")
+    assert str(refused.value) == f"config.json: {message}"
+
+
+def test_any_positive_theta_is_read_and_dynamic_ntk_is_the_default_rope_within_the_context():
+    from engine.rope import parse_rope
+    assert parse_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 0.5}}, "c") == (0.5, None)
+    assert parse_rope({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "c") == (1e4, None)

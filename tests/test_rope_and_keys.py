@@ -133,3 +133,20 @@ def test_any_positive_theta_is_read_and_dynamic_ntk_is_the_default_rope_within_t
     from engine.rope import parse_rope
     assert parse_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 0.5}}, "c") == (0.5, None)
     assert parse_rope({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "c") == (1e4, None)
+
+
+def test_llama3_s_original_context_is_read_where_transformers_reads_it():
+    """A top-level original_max_position_embeddings wins, then the rope dict's, then
+    max_position_embeddings."""
+    from engine.rope import parse_rope
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+    def original(raw):
+        return parse_rope(raw, "config.json")[1].original_max_position_embeddings
+
+    inside = {**rope, "original_max_position_embeddings": 4096}
+    assert original({"rope_parameters": inside, "original_max_position_embeddings": 2048,
+                     "max_position_embeddings": 1024}) == 2048
+    assert original({"rope_parameters": inside, "max_position_embeddings": 1024}) == 4096
+    assert original({"rope_parameters": rope, "max_position_embeddings": 1024}) == 1024
+    assert original({"rope_parameters": rope, "original_max_position_embeddings": 2048}) == 2048

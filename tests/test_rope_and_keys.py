@@ -150,3 +150,21 @@ def test_llama3_s_original_context_is_read_where_transformers_reads_it():
     assert original({"rope_parameters": inside, "max_position_embeddings": 1024}) == 4096
     assert original({"rope_parameters": rope, "max_position_embeddings": 1024}) == 1024
     assert original({"rope_parameters": rope, "original_max_position_embeddings": 2048}) == 2048
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(original_max_position_embeddings=True), "original_max_position_embeddings must be a positive integer, got True"),
+    (dict(original_max_position_embeddings=8192.0),
+     "original_max_position_embeddings must be a positive integer, got 8192.0"),
+    (dict(original_max_position_embeddings=0), "original_max_position_embeddings must be a positive integer, got 0"),
+    (dict(high_freq_factor=1.0), "llama3 rope needs high_freq_factor != low_freq_factor"),
+], ids=["bool", "float", "zero", "equal-factors"])
+def test_a_llama3_rope_it_cannot_compute_is_refused_by_name(change, message):
+    """The smooth band divides by high_freq_factor - low_freq_factor."""
+    from engine.rope import parse_rope
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": L31}
+    assert parse_rope({"rope_parameters": {**rope, "original_max_position_embeddings": 1}}, "config.json")[1]
+    with pytest.raises(ValueError) as refused:
+        parse_rope({"rope_parameters": {**rope, **change}}, "config.json")
+    assert str(refused.value) == f"config.json: {message}"

@@ -112,7 +112,7 @@ def test_rope_settings_it_cannot_run_are_refused_by_name(raw, message):
         assert parse_rope(full, "config.json") == (DEFAULT_THETA, None)
 
 
-@pytest.mark.parametrize("theta, message", [
+@pytest.mark.parametrize("setting, message", [
     (True, "rope_theta must be a positive number, got True"),
     ("1e4", "rope_theta must be a positive number, got '1e4'"),
     (0, "rope_theta must be a positive number, got 0"),
@@ -121,9 +121,9 @@ def test_rope_settings_it_cannot_run_are_refused_by_name(raw, message):
      "rope key(s) attention_factor, beta_fast are not supported for rope_type='linear'"),
     ({"rope_type": "dynamic"}, "rope_type='dynamic' needs factor"),
 ], ids=["bool", "string", "zero", "negative", "unknown-keys", "dynamic-without-factor"])
-def test_a_rope_theta_or_rope_key_it_cannot_read_is_refused_by_name(theta, message):
+def test_a_rope_theta_or_rope_key_it_cannot_read_is_refused_by_name(setting, message):
     from engine.rope import parse_rope
-    rope = theta if isinstance(theta, dict) else {"rope_type": "default", "rope_theta": theta}
+    rope = setting if isinstance(setting, dict) else {"rope_type": "default", "rope_theta": setting}
     with pytest.raises(ValueError) as refused:
         parse_rope({"rope_parameters": rope}, "config.json")
     assert str(refused.value) == f"config.json: {message}"

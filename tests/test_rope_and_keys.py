@@ -168,3 +168,13 @@ def test_a_llama3_rope_it_cannot_compute_is_refused_by_name(change, message):
     with pytest.raises(ValueError) as refused:
         parse_rope({"rope_parameters": {**rope, **change}}, "config.json")
     assert str(refused.value) == f"config.json: {message}"
+
+
+@pytest.mark.parametrize("name", ["decoder_start_token_id", "cross_attention_hidden_size"])
+def test_an_encoder_decoder_key_passes_only_when_unset(name):
+    """An inert key with a neutral value (not every value harmless) is refused at any other value."""
+    from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
+    check_keys({name: None}, LLAMA_CONFIG_KEYS, "config.json")
+    with pytest.raises(ValueError) as refused:
+        check_keys({name: 0}, LLAMA_CONFIG_KEYS, "config.json")
+    assert str(refused.value) == f"config.json: {name}=0 is not supported (encoder-decoder only)"

@@ -255,3 +255,19 @@ def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
         "--async-runner (specgate generate/bench), set VT_ASYNC_RUNNER=1 or async_runner=True to lift the "
         "veto once `specgate gates verdict` says LIFT"]
 
+
+
+SMALLEST_LLAMA = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(hidden_size=None), " is missing required fields: hidden_size"),
+    (dict(eos_token_id=[]), ": eos_token_id is an empty list"),
+], ids=["missing-field", "empty-eos-list"])
+def test_a_config_json_it_cannot_read_is_refused_naming_its_file(change, message):
+    ModelConfig.from_dict(SMALLEST_LLAMA, "model/config.json")
+    raw = {k: v for k, v in {**SMALLEST_LLAMA, **change}.items() if v is not None}
+    with pytest.raises(ModelLoadError) as refused:
+        ModelConfig.from_dict(raw, "model/config.json")
+    assert str(refused.value) == f"model/config.json{message}"

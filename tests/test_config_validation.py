@@ -271,3 +271,10 @@ def test_a_config_json_it_cannot_read_is_refused_naming_its_file(change, message
     with pytest.raises(ModelLoadError) as refused:
         ModelConfig.from_dict(raw, "model/config.json")
     assert str(refused.value) == f"model/config.json{message}"
+
+
+def test_config_json_is_the_default_name_and_a_torch_prefixed_dtype_is_read_as_transformers_writes_it():
+    with pytest.raises(ModelLoadError) as refused:
+        ModelConfig.from_dict({**SMALLEST_LLAMA, "eos_token_id": []})
+    assert str(refused.value) == "config.json: eos_token_id is an empty list"
+    assert ModelConfig.from_dict({**SMALLEST_LLAMA, "torch_dtype": "torch.bfloat16"}).dtype == "bfloat16"

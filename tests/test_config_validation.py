@@ -278,3 +278,9 @@ def test_config_json_is_the_default_name_and_a_torch_prefixed_dtype_is_read_as_t
         ModelConfig.from_dict({**SMALLEST_LLAMA, "eos_token_id": []})
     assert str(refused.value) == "config.json: eos_token_id is an empty list"
     assert ModelConfig.from_dict({**SMALLEST_LLAMA, "torch_dtype": "torch.bfloat16"}).dtype == "bfloat16"
+
+
+def test_an_eos_id_of_a_list_outside_the_vocabulary_is_refused_by_field_and_file():
+    with pytest.raises(ModelLoadError) as refused:
+        ModelConfig.from_dict({**SMALLEST_LLAMA, "eos_token_id": [1, 999]}, "model/config.json")
+    assert str(refused.value) == "model/config.json: eos_token_id must be a token id in [0, 260) (vocab_size), got 999"

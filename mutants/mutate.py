@@ -1,5 +1,5 @@
 """`specgate mutate [--since REV | --only PATTERN ... | --shard I/N | --cuda-only] [--max-children N]
-[--report DIR] [--update-baseline]` and `specgate mutate merge DIR ...` (also `make mutate`): mutmut
+[--time-limit S] [--report DIR] [--update-baseline]` and `specgate mutate merge DIR ...` (also `make mutate`): mutmut
 over engine/, with the fast tests and gates as the suite.
 
 One pass, a module per step:
@@ -28,7 +28,8 @@ from mutants.mutation_stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REP
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
-           only: tuple[str, ...] = (), shard: tuple[int, int] | None = None, cuda: bool = False) -> int:
+           only: tuple[str, ...] = (), shard: tuple[int, int] | None = None, cuda: bool = False,
+           time_limit: float | None = None) -> int:
     t0 = time.perf_counter()
     equivalents = load_equivalents()
     patterns = list(only) or (changed_functions(since) if since else [])
@@ -67,22 +68,32 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     print(f"mutate: mutmut over {SOURCE}/ and the gates' checks in {staging.relative_to(REPO)}, "
           f"{max_children} children, {scope}: {counts}", flush=True)
     cached = cached_verdicts([], staging)
-    if to_test:
-        rc = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging, env=CUDA_RUN_ENV if cuda else None)
-        if rc != 0:
+    stopped = False
+    if to_test and time_limit == 0:
+        stopped, to_test = True, []  # the report of the cached verdicts; nothing is tested
+    elif to_test:
+        rc, stopped = run_mutmut(to_test, max_children, report_dir / "mutmut.log", staging,
+                                 env=CUDA_RUN_ENV if cuda else None, time_limit=time_limit)
+        if rc != 0 and not stopped:
             return _failed_run(rc, patterns, report_dir / "mutmut.log")
-        if functions:
+        if functions and not stopped:
             record_stats_functions(staging, functions)
+    complete = complete and not stopped
     records = [_reviewed(r, equivalents) if r.name in not_rerun else r
                for r in read_results(patterns if in_run is None else [], equivalents, staging,
                                      names=None if in_run is None else set(in_run))]
     tested = set(to_test) if hashes is not None else {r.name for r in records}
+    if stopped:
+        unchecked = sum(1 for r in records if r.status == "not checked")
+        print(f"mutate: stopped at the time limit ({time_limit:g} s): {unchecked} of {len(records)} mutants not "
+              f"checked; the verdicts reached stay cached, and the same command resumes", file=sys.stderr)
     run = {"command": " ".join(["specgate mutate", *(f"--only {p}" for p in only),
                                 *([f"--since {since}"] if since and not only else []),
                                 *([f"--shard {shard[0]}/{shard[1]}"] if shard else []),
                                 *(["--cuda-only"] if cuda else [])]),
            "commit": commit, "complete": complete, "wall_s": time.perf_counter() - t0,
            "max_children": max_children, "mode": "cuda-only" if cuda else "shard" if shard else "run",
+           "time_limit_s": time_limit, "stopped_at_time_limit": stopped,
            "shard": f"{shard[0]}/{shard[1]}" if shard else None,
            "mutants_in_scope": len(hashes) if hashes is not None else None,
            "listing_digest": listing_digest(hashes) if hashes is not None else None,
@@ -134,7 +145,7 @@ def _report(records, equivalents, run: dict, report_dir: Path, lines: dict[str, 
     judged_on_cuda = frozenset(r.name for r in records) if run.get("mode") == "cuda-only" else frozenset()
     stale = stale_equivalents(records, equivalents, complete, judged_on_cuda, lines)
     sources = {p: (REPO / p).read_text() for p in sorted({r.path for r in records})}
-    tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun)
+    tested = len(records) - from_cache - sum(1 for r in records if r.not_rerun or r.status == "not checked")
     extra = {**run, "wall_s": round(wall, 1), "tested": tested,
              "mutants_per_minute": round(tested / wall * 60, 1) if wall else None,
              "baseline": baseline_record(), "stale_equivalents": stale}
@@ -144,7 +155,7 @@ def _report(records, equivalents, run: dict, report_dir: Path, lines: dict[str, 
     paths = write_reports(report_dir, records, sources, {**extra, "problems": problems})
     print(f"mutate: {len(records)} mutants, {extra['tested']} tested in {wall:.0f} s "
           f"({extra['mutants_per_minute']} per minute), {from_cache} from the cache and "
-          f"{len(records) - tested - from_cache} reviewed, not re-run; "
+          f"{sum(1 for r in records if r.not_rerun)} reviewed, not re-run; "
           f"reports: " + ", ".join(str(p) for p in paths.values()))
     for p in problems:
         print(f"mutate: FAIL: {p}")
@@ -159,6 +170,10 @@ def add_mutate_parser(sub) -> None:
                    help="mutate only mutants whose mutmut name matches (repeatable), e.g. 'engine.verify.*'")
     p.add_argument("--max-children", type=int_at_least(1), default=os.cpu_count() or 2, metavar="N",
                    help="mutants tested at once (default: the CPU count)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="stop testing after S seconds and report what was judged (the rest: not checked, a run "
+                   "failure); the verdicts stay cached and the same command resumes. 0 tests nothing: the report "
+                   "of the cached verdicts, e.g. after a run its machine stopped")
     p.add_argument("--report", type=Path, default=REPO / "reports" / "mutation", metavar="DIR",
                    help="write summary.json, mutation-report.json (Stryker schema), survivors.md here")
     p.add_argument("--update-baseline", action="store_true",
@@ -192,6 +207,9 @@ def cmd_mutate(args) -> int:
             print("specgate: error: --shard and --cuda-only take no --since, --only, --update-baseline or each "
                   "other", file=sys.stderr)
             return 2
+    if args.time_limit is not None and not args.time_limit >= 0:
+        print("specgate: error: --time-limit must be a number of seconds, 0 or more", file=sys.stderr)
+        return 2
     if args.max_children < 1:
         print("specgate: error: --max-children must be at least 1", file=sys.stderr)
         return 2
@@ -209,7 +227,7 @@ def cmd_mutate(args) -> int:
         if args.shard:
             shard = parse_shard(args.shard)
         return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only),
-                      shard=shard, cuda=args.cuda_only)
+                      shard=shard, cuda=args.cuda_only, time_limit=args.time_limit)
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

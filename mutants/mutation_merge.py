@@ -1,12 +1,14 @@
 """`specgate mutate merge DIR ...`: shard reports (and a --cuda-only report) combined into one report,
 one score and one ratchet decision, as if one run had tested every mutant.
 
-Each DIR is a `--report` folder of `specgate mutate --shard I/N` or `--cuda-only` (its summary.json
-and records.json). The shards must all come from one listing of the mutants (the same sources), one
-suite (the same tests and configuration) and the same N, each index once; together they then hold
-every mutant exactly once and the merge is a complete run (the baseline ratchet applies). A --cuda-only report replaces the CPU verdicts of the
-mutants it tested: a CUDA-only mutant killed on the GPU is killed (and its reviewed entry goes
-stale, so it is removed from the list).
+Each DIR is a `--report` folder of `specgate mutate --shard I/N`, of a full run (one shard of one),
+or of `--cuda-only` (its summary.json and records.json). The shards must all come from one listing
+of the mutants (the same sources), one suite (the same tests and configuration) and the same N,
+each index once; together they then hold every mutant exactly once and the merge is a complete run
+(the baseline ratchet applies). A --cuda-only report replaces the CPU verdicts of the mutants it
+judged (a run stopped at its time limit leaves some not checked: those keep their CPU verdict): a
+CUDA-only mutant killed on the GPU is killed, and its entry stays, as it explains the CPU runs'
+survivor.
 """
 import json
 import time
@@ -32,10 +34,13 @@ def combine(reports: list[tuple[dict, list[MutantRecord]]]) -> tuple[list[Mutant
     """The merged records and what the merge was (shards, completeness); raises ValueError when
     the shards do not fit together."""
     shards = [(s, r) for s, r in reports if s.get("mode") == "shard"]
+    shards += [({**s, "shard": "1/1"}, r) for s, r in reports if s.get("mode") == "run" and s.get("complete")]
     cuda = [(s, r) for s, r in reports if s.get("mode") == "cuda-only"]
-    others = [s.get("mode") for s, _ in reports if s.get("mode") not in ("shard", "cuda-only")]
+    others = [s.get("mode") for s, _ in reports
+              if s.get("mode") not in ("shard", "cuda-only") and not (s.get("mode") == "run" and s.get("complete"))]
     if others:
-        raise ValueError(f"merge takes --shard and --cuda-only reports, not a {others[0]!r} run")
+        raise ValueError(f"merge takes --shard, --cuda-only and complete full-run reports, not a {others[0]!r} "
+                         f"run that is incomplete or of another mode")
     if not shards:
         raise ValueError("no shard report to merge")
     counts = {int(s["shard"].split("/")[1]) for s, _ in shards}
@@ -62,7 +67,7 @@ def combine(reports: list[tuple[dict, list[MutantRecord]]]) -> tuple[list[Mutant
     replaced = 0
     for _, records in cuda:
         for r in records:
-            if r.name in by_name:
+            if r.name in by_name and r.status != "not checked":
                 by_name[r.name] = r
                 replaced += 1
     meta = {"shards": f"{len(indices)} of {count}", "complete": complete, "mutants_in_scope": in_scope,
@@ -78,7 +83,8 @@ def merge(folders: list[Path], report_dir: Path, raise_baseline: bool = False) -
     equivalents = load_equivalents()
     complete = meta["complete"]
     summary = summarise(records)
-    judged_on_cuda = frozenset(r.name for s, rs in reports if s.get("mode") == "cuda-only" for r in rs)
+    judged_on_cuda = frozenset(r.name for s, rs in reports if s.get("mode") == "cuda-only" for r in rs
+                               if r.status != "not checked")
     stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
     problems = ratchet(summary, load_baseline(), complete, stale, rescoping=raise_baseline)
     if not complete:

@@ -22,7 +22,9 @@ def stale_equivalents(records: list[MutantRecord], equivalents: dict[str, Equiva
     not equivalent), mutmut renumbered it, or it no longer exists. With `lines` (each mutant's
     changed line, from the listing of every mutant) every entry is checked, tested or not; without,
     only the tested ones (and, on a full run, their existence). A CUDA-only entry explains a CPU
-    run's survivor: its kill on CUDA (`judged_on_cuda`) is the verdict it waits for."""
+    run's survivor, or its `no tests` where no CPU test reaches the function at all (CUDA graph
+    capture): its kill on CUDA (`judged_on_cuda`) is the verdict it waits for. A mutant a stopped
+    run did not check is a run failure, not a verdict on its entry."""
     by_name = {r.name: r for r in records}
     problems = []
     for name, eq in sorted(equivalents.items()):
@@ -33,10 +35,15 @@ def stale_equivalents(records: list[MutantRecord], equivalents: dict[str, Equiva
                 problems.append(f"{name}: listed as equivalent, but no such mutant")
         elif now != eq.mutated:
             problems.append(f"{name}: listed as equivalent for `{eq.mutated}`, but it now mutates `{now}`")
-        elif r is not None and r.status != "survived" and not (
-                r.status == "killed" and name in judged_on_cuda and eq.reason.startswith(CUDA_ONLY)):
+        elif r is not None and r.status not in ("survived", "not checked") and not _awaits_cuda(r, eq, judged_on_cuda):
             problems.append(f"{name}: listed as equivalent, but it was {r.status}")
     return problems
+
+
+def _awaits_cuda(record: MutantRecord, eq: Equivalent, judged_on_cuda: frozenset[str]) -> bool:
+    """A CUDA-only entry's mutant, unreached on the CPU or killed on CUDA."""
+    return eq.reason.startswith(CUDA_ONLY) and (
+        record.status == "no tests" or record.status == "killed" and record.name in judged_on_cuda)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,13 @@ the run uses one torch thread, and a timeout, segfault or suspicious result is a
 run, never a kill (mutants/mutation_report.py).
 """
 import ast
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from mutants.child_env import child_env
@@ -69,9 +73,11 @@ LINE_EVERY = 100
 
 
 def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: Path = STAGING,
-               env: dict[str, str] | None = None) -> int:
+               env: dict[str, str] | None = None, time_limit: float | None = None) -> tuple[int, bool]:
     """`mutmut run` in the staging folder, its progress line turned into a progress bar; the full
-    output goes to log_path. `patterns`: mutmut names or patterns (each named mutant is re-tested)."""
+    output goes to log_path. `patterns`: mutmut names or patterns (each named mutant is re-tested).
+    Returns (mutmut's exit status, whether `time_limit` seconds stopped it): mutmut saves each
+    verdict as it comes, so a stopped run keeps the verdicts it reached and the next run resumes."""
     from tqdm import tqdm
     env = mutmut_env(env)
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
@@ -80,7 +86,11 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
                disable=not terminal)
     next_line = LINE_EVERY  # not on a terminal: one line per LINE_EVERY mutants instead of the bar
     with open(log_path, "w", buffering=1) as log, subprocess.Popen(cmd, cwd=staging, env=env, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.STDOUT) as proc:
+                                                      stderr=subprocess.STDOUT, start_new_session=True) as proc:
+        stopped = threading.Event()
+        timer = threading.Timer(time_limit, _stop, (proc, stopped)) if time_limit is not None else None
+        if timer:
+            timer.start()
         first_done = None
         for chunk in _chunks(proc.stdout):
             log.write(chunk + "\n")
@@ -99,7 +109,21 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
                       f"{no_tests} no tests, {timeout} timeout, {suspicious} suspicious", file=sys.stderr, flush=True)
                 next_line = None if done == total else done - first_done + LINE_EVERY
         bar.close()
-        return proc.wait()
+        rc = proc.wait()
+        if timer:
+            timer.cancel()
+        return rc, stopped.is_set()
+
+
+def _stop(proc: subprocess.Popen, stopped: threading.Event) -> None:
+    """The time limit: end mutmut and the children it forked (its own process group)."""
+    stopped.set()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def mutmut_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -29,7 +29,7 @@ _LIST_SCRIPT = """
 import ast, difflib, json, sys
 from pathlib import Path
 from mutmut.mutation.file_mutation import mutate_file_contents
-from mutmut.utils.format_utils import get_mutant_name
+from mutmut.utils.format_utils import get_mutant_name, orig_function_and_class_names_from_key
 hashes, lines = {}, {}
 for path in map(Path, sys.argv[1:]):
     mutated = mutate_file_contents(str(path), path.read_text())
@@ -41,8 +41,10 @@ for path in map(Path, sys.argv[1:]):
         function = name.rpartition("__mutmut_")[0]
         full = get_mutant_name(path, name)
         hashes[full] = mutated.hash_by_function_name.get(function, "")
-        orig = functions[function + "__mutmut_orig"].replace(function + "__mutmut_orig", function).splitlines()
-        mutant = functions[name].replace(name, function).splitlines()
+        # named as in the source, as mutmut's diff names it (a mutant of the def line shows the name)
+        source_name = orig_function_and_class_names_from_key(full)[0]
+        orig = functions[function + "__mutmut_orig"].replace(function + "__mutmut_orig", source_name).splitlines()
+        mutant = functions[name].replace(name, source_name).splitlines()
         lines[full] = next((l[1:].strip() for l in difflib.unified_diff(orig, mutant, lineterm="")
                             if l.startswith("+") and not l.startswith("+++")), "")
 json.dump({"hashes": hashes, "lines": lines}, sys.stdout)

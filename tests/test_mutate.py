@@ -162,8 +162,8 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path, capsys)
         "from engine.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
     (staging / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["engine"]\n'
                                             'pytest_add_cli_args_test_selection = ["tests"]\n')
-    rc = mutation_run.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
-    assert rc == 0, (tmp_path / "mutmut.log").read_text()[-2000:]
+    rc, stopped = mutation_run.run_mutmut([], 1, tmp_path / "mutmut.log", staging)
+    assert (rc, stopped) == (0, False), (tmp_path / "mutmut.log").read_text()[-2000:]
     progress = capsys.readouterr().err  # not a terminal: progress as lines, the last at the end
     assert re.search(r"mutate: (\d+)/\1 mutants checked: \d+ killed", progress), progress
     records = mutation_results.read_results([], {}, staging)

@@ -63,7 +63,7 @@ def test_a_cuda_run_forks_its_children_from_a_process_that_ran_no_test(tmp_path,
             f.write(f'process_isolation = "{isolation}"\n')
         log = tmp_path / f"{isolation}-processes.txt"
         monkeypatch.setenv("WHO_RAN", str(log))
-        assert mutation_run.run_mutmut([], 1, tmp_path / f"{isolation}.log", staging) == 0
+        assert mutation_run.run_mutmut([], 1, tmp_path / f"{isolation}.log", staging) == (0, False)
         verdicts[isolation] = {r.name: r.status for r in mutation_results.read_results([], {}, staging)}
         rows = [line.split(" ", 2) for line in log.read_text().splitlines()]
         ran_tests = {pid for pid, _, mutant in rows if "__mutmut_" not in mutant}

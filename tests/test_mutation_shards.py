@@ -3,6 +3,7 @@ into the verdicts of one run over everything, reviewed mutants of unchanged func
 re-run, and the CI workflow's matrix agrees with the command line."""
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from mutants.mutation_results import Equivalent
 
 REPO = Path(__file__).resolve().parent.parent
 CALC = ("def add(a, b):\n    return a + b\n\n\n"
-        "def scale(x):\n    return x * 3\n\n\n"
+        "def scale(x, k=3):\n    return x * k\n\n\n"
         "def half(x):\n    return x // 2\n")
 TEST = ("from engine.calc import add, half\n\n\n"
         "def test_add():\n    assert add(2, 3) == 5\n\n\n"
@@ -57,8 +58,8 @@ def test_reviewed_mutants_are_not_re_run_only_while_their_function_is_unchanged(
 
 
 def _shard_report(staging: Path, names: list[str], out: Path, index: int, count: int, digest: str, total: int) -> None:
-    rc = mutation_run.run_mutmut(names, 1, out.parent / f"mutmut-{index}.log", staging)
-    assert rc == 0, (out.parent / f"mutmut-{index}.log").read_text()[-2000:]
+    rc, stopped = mutation_run.run_mutmut(names, 1, out.parent / f"mutmut-{index}.log", staging)
+    assert (rc, stopped) == (0, False), (out.parent / f"mutmut-{index}.log").read_text()[-2000:]
     records = mutation_results.read_results([], {}, staging, names=set(names))
     write_reports(out, records, {"engine/calc.py": CALC}, {"mode": "shard", "shard": f"{index}/{count}",
                                                            "listing_digest": digest, "mutants_in_scope": total})
@@ -68,7 +69,7 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     """Real mutmut 3.8: the two-function package's mutants in one run, and in two shards (each in
     a staging folder of its own, as on two CI machines); the merged verdicts are the one run's."""
     single = make_staging(tmp_path / "single")
-    assert mutation_run.run_mutmut([], 1, tmp_path / "single.log", single) == 0
+    assert mutation_run.run_mutmut([], 1, tmp_path / "single.log", single) == (0, False)
     one_run = {r.name: r.status for r in mutation_results.read_results([], {}, single)}
     assert set(one_run.values()) == {"killed", "survived", "no tests"}
     listing = mutation_shard.list_mutants(make_staging(tmp_path / "listing"))
@@ -76,6 +77,7 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     lines = mutation_shard.mutated_lines(tmp_path / "listing")
     records = mutation_results.read_results([], {}, single)
     assert lines == {r.name: mutation_results.mutated_line(r.diff) for r in records}, "the line mutmut's diff adds"
+    assert "def scale(x, k=4):" in lines.values(), "a mutant of the def line, named as in the source"
     eq = {name: Equivalent(name, line, "reviewed") for name, line in lines.items()}
     assert mutation_ratchet.stale_equivalents([], eq, False, lines=lines) == []
     renumbered, gone = sorted(lines)[0], "engine.calc.x_add__mutmut_999"
@@ -141,6 +143,16 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
     write_reports(tmp_path / "gpu", [rec("engine.calc.x_f__mutmut_1", "killed")], {}, {"mode": "cuda-only"})
     records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("cpu", "gpu")])
     assert [r.status for r in records] == ["killed", "killed"] and meta["cuda_verdicts"] == 1 and meta["complete"]
+    # A CUDA run stopped at its time limit: what it did not check keeps the CPU run's verdict; and
+    # a complete full run is the CPU side as one shard of one.
+    write_reports(tmp_path / "gpu", [rec("engine.calc.x_f__mutmut_1", "not checked")], {}, {"mode": "cuda-only"})
+    write_reports(tmp_path / "full", cpu, {}, {"mode": "run", "complete": True, "listing_digest": "d",
+                                               "mutants_in_scope": 2})
+    records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("full", "gpu")])
+    assert [r.status for r in records] == ["survived", "killed"] and meta["cuda_verdicts"] == 0 and meta["complete"]
+    write_reports(tmp_path / "part", cpu, {}, {"mode": "run", "complete": False})
+    with pytest.raises(ValueError, match="incomplete or of another mode"):
+        mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("part", "gpu")])
 
 
 def test_a_cuda_only_entry_killed_on_cuda_is_its_verdict_and_any_other_kill_is_stale():
@@ -161,6 +173,12 @@ def test_a_cuda_only_entry_killed_on_cuda_is_its_verdict_and_any_other_kill_is_s
         "cpu: listed as equivalent, but it was killed"]
     assert "now mutates `return 3`" in stale_equivalents([killed("gpu", "return 3")], {"gpu": eqs["gpu"]},
                                                          False, on_cuda)[0]
+    # code only CUDA runs (graph capture) has no CPU test at all: `no tests` is what its entry
+    # explains; of any other entry it is stale. A mutant a stopped run left unchecked is no verdict.
+    unreached = [replace(killed(n), status="no tests") for n in ("gpu", "cpu")]
+    assert stale_equivalents(unreached, eqs, False) == ["cpu: listed as equivalent, but it was no tests"]
+    unchecked = [replace(killed(n), status="not checked") for n in ("gpu", "cpu")]
+    assert stale_equivalents(unchecked, eqs, False) == []
 
 
 def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
@@ -215,6 +233,8 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     (["--shard", "1/4", "--since", "HEAD"], "take no --since"),
     (["--shard", "1/4", "--cuda-only"], "take no --since"),
     (["--cuda-only", "--update-baseline"], "take no --since"),
+    (["--time-limit", "-1"], "--time-limit must be a number of seconds"),
+    (["--time-limit", "nan"], "--time-limit must be a number of seconds"),
     (["merge"], "usage: specgate mutate merge"),
     (["nonsense", "dir"], "usage: specgate mutate merge"),
 ])
@@ -268,7 +288,7 @@ def test_functions_new_since_the_stats_were_collected_drop_them_and_their_no_tes
     map; dropping the stats (and the `no tests` verdicts they gave) lets the next run map it."""
     from mutants.mutation_stage import drop_stale_stats, record_stats_functions
     staging = make_staging(tmp_path / "staging")
-    assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == 0
+    assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == (0, False)
     functions = {n.rpartition("__mutmut_")[0] for n in mutation_shard.list_mutants(staging)}
     assert drop_stale_stats(staging, functions) == 0, "no record yet: the stats stand"
     record_stats_functions(staging, functions)
@@ -279,3 +299,26 @@ def test_functions_new_since_the_stats_were_collected_drop_them_and_their_no_tes
     assert drop_stale_stats(staging, functions | {"engine.calc.x_new"}) == 1
     assert not (staging / "mutants" / "mutmut-stats.json").exists()
     assert set(mutation_results.cached_verdicts([], staging)) == set(verdicts) - no_tests
+
+
+def test_a_run_stopped_at_its_time_limit_leaves_no_process_and_the_next_run_resumes(tmp_path):
+    """Real mutmut 3.8: a time limit shorter than mutmut's start stops it (and every child it
+    forked); the same run without a limit then completes from the same folder."""
+    staging = make_staging(tmp_path / "staging")
+    rc, stopped = mutation_run.run_mutmut([], 1, tmp_path / "stopped.log", staging, time_limit=0.5)
+    assert stopped and rc != 0
+    assert _processes_working_in(staging) == [], "the stopped run left a process behind"
+    assert mutation_run.run_mutmut([], 1, tmp_path / "resumed.log", staging, time_limit=600) == (0, False)
+    assert {r.status for r in mutation_results.read_results([], {}, staging)} == {"killed", "survived", "no tests"}
+
+
+def _processes_working_in(folder: Path) -> list[int]:
+    """Process ids whose working directory is in `folder` (mutmut and its children work there)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(proc / "cwd").readlink().is_relative_to(folder):
+                pids.append(int(proc.name))
+        except OSError:  # a process that ended, or one of another user
+            continue
+    return pids

@@ -267,12 +267,17 @@ SMALLEST_LLAMA = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num
     (dict(eos_token_id=[1, 999]),
      "model/config.json: eos_token_id must be a token id in [0, 260) (vocab_size), got 999"),
     (dict(rms_norm_eps="1e-5"), "model/config.json: rms_norm_eps must be a number in (0, 1), got '1e-5'"),
+    (dict(rms_norm_eps=0), "model/config.json: rms_norm_eps must be a number in (0, 1), got 0"),
+    (dict(rms_norm_eps=1.0), "model/config.json: rms_norm_eps must be a number in (0, 1), got 1.0"),
+    (dict(torch_dtype="int8"),
+     "model/config.json: dtype 'int8' is not supported (supported: float32, bfloat16, float16)"),
     # the file is named once, in front: a value that spells config.json is quoted as given
     (dict(hidden_act="config.json"),
      "model/config.json: hidden_act='config.json' is not supported (transformers does not know it either); "
      "supported: gelu, gelu_fast, gelu_new, gelu_pytorch_tanh, quick_gelu, relu, relu2, relu6, sigmoid, silu, "
      "swish, tanh"),
-], ids=["missing-field", "empty-eos-list", "eos-outside-vocab", "eps-string", "value-spelling-the-file"])
+], ids=["missing-field", "empty-eos-list", "eos-outside-vocab", "eps-string", "eps-zero", "eps-one", "dtype-int8",
+        "value-spelling-the-file"])
 def test_a_config_json_it_cannot_read_is_refused_naming_its_file(change, message):
     ModelConfig.from_dict(SMALLEST_LLAMA, "model/config.json")
     raw = {k: v for k, v in {**SMALLEST_LLAMA, **change}.items() if v is not None}

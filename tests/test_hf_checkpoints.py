@@ -236,6 +236,21 @@ def test_a_damaged_shard_index_is_refused_by_name(tmp_path, llama3_sharded_dir, 
         make(folder)
 
 
+def test_an_index_that_maps_tensors_to_a_shard_without_them_names_the_first_five(tmp_path, llama3_sharded_dir):
+    folder = tmp_path / "remapped"
+    shutil.copytree(llama3_sharded_dir, folder)
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    moved = [name for name, file in index["weight_map"].items() if file != last]  # every tensor to one shard
+    assert len(moved) > 5, "the message lists five: the case needs more"
+    index["weight_map"].update(dict.fromkeys(moved, last))
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError) as refused:
+        make(folder)
+    assert str(refused.value) == f"{index_path} maps {moved[:5]} to {last}, which does not hold them"
+
+
 def test_an_unreadable_tokenizer_json_is_refused_by_name(tmp_path, llama3_dir):
     folder = tmp_path / "badtok"
     shutil.copytree(llama3_dir, folder)

@@ -52,7 +52,8 @@ json.dump({"hashes": hashes, "lines": lines}, sys.stdout)
 
 
 def sources_digest(staging: Path = STAGING) -> str:
-    h = hashlib.sha256()
+    """The cache key of the listing: the mutated files, and the script that lists them."""
+    h = hashlib.sha256(_LIST_SCRIPT.encode())
     for path in mutated_files(staging):
         h.update(str(path.relative_to(staging)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]

@@ -322,3 +322,11 @@ def _processes_working_in(folder: Path) -> list[int]:
         except OSError:  # a process that ended, or one of another user
             continue
     return pids
+
+
+def test_the_listing_cache_is_keyed_by_the_listing_script_too(tmp_path, monkeypatch):
+    """A changed way of listing (how a def-line mutant is named) must not read an old listing."""
+    staging = make_staging(tmp_path / "staging")
+    before = mutation_shard.sources_digest(staging)
+    monkeypatch.setattr(mutation_shard, "_LIST_SCRIPT", mutation_shard._LIST_SCRIPT + "\n# changed\n")
+    assert mutation_shard.sources_digest(staging) != before

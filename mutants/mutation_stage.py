@@ -51,10 +51,11 @@ PLUGIN = Path(__file__).with_name("mutation_plugin.py")
 SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.mutation_suite))
 # A --cuda-only run (on the GPU machine) tests mutants the CPU suite could not kill because their
 # code runs on CUDA only; of the suite, only the CUDA test modules and the gates (on cuda) run that
-# code differently there. It stages into its own folder, so its stats and verdicts never mix with
-# a CPU run's, and a run stopped part way resumes where it stopped.
+# code differently there, with the no-sync gate, which on CUDA judges exactly (torch's sync debug
+# mode raises on a blocking copy). It stages into its own folder, so its stats and verdicts never
+# mix with a CPU run's, and a run stopped part way resumes where it stopped.
 CUDA_STAGING = REPO / "build" / "mutmut-cuda"
-CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", *SUITE[1:])
+CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_sync.py", *SUITE[1:])
 # mutmut's default isolation runs the clean tests in its own process and forks each mutant's
 # child from it: after CUDA tests ran there, no child can start CUDA. A CUDA run takes mutmut's
 # fork server instead, a process that imports the suite but runs no test, and runs the stats and

@@ -168,3 +168,24 @@ def test_the_step_bytes_name_their_batch_and_context():
     cfg = engine.config.ModelConfig.from_dict(config_dict(SHAPES["tiny"]))
     assert bench_decode.plain_step_bytes(cfg, 2, batch=3, context_len=10.5) == StepBytes(
         weights=2 * (2 * 36992 + 64 + 260 * 64 + 3 * 64), kv=round(3 * 10.5 * 2 * 2 * 32 * 2), batch=3, context_len=10.5)
+
+
+def test_a_named_gpu_is_the_one_synchronized(monkeypatch):
+    """On cuda:N the copy is timed between waits on GPU N; the host devices have nothing to wait for."""
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    for device in ("cpu", "meta", "cuda:1"):
+        bench_decode.synchronize(device)
+    assert synced == ["cuda:1"]
+
+
+def test_the_decode_report_on_a_named_gpu_copies_a_gibibyte_and_names_that_gpu(tmp_path, monkeypatch):
+    """On a GPU the bandwidth comes from a copy of at least 1 GiB, where launch overhead is small,
+    and the report names GPU N for cuda:N, not the current one (they differ on a mixed host)."""
+    copied_mib = []
+    monkeypatch.setattr(bench_decode, "copy_bandwidth", lambda device, mib: copied_mib.append((device, mib)) or 2.0 ** 40)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"the GPU at {device}")
+    report = decode_report(model_folder(tmp_path / "tiny", "tiny"), "cuda:1", [], "eager", [1], 8, 6, 1)
+    (device, mib), = copied_mib
+    assert device == "cuda:1" and mib >= 1024
+    assert report["gpu"] == "the GPU at cuda:1" and report["bandwidth_bytes_per_s"] == 2 ** 40

@@ -2,6 +2,7 @@
 figure of its report as a known answer on a stand-in clock, the calls it makes to `generate`
 (one untimed warm-up, then the timed repeats), greedy whatever the folder's generation config
 says, into one static cache of the long call's size."""
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -70,3 +71,55 @@ def test_the_peer_s_report_per_concurrency(bench_tiny_dir, monkeypatch):
 def test_compiled_means_transformers_kept_a_compiled_forward():
     assert not is_compiled(SimpleNamespace()) and not is_compiled(SimpleNamespace(_compiled_call=None))
     assert is_compiled(SimpleNamespace(_compiled_call=lambda *args: None))
+
+
+def timed_generate(monkeypatch) -> list[tuple[int, int, int, int]]:
+    """bench_peer.time_generate on a stand-in clock: a call of n new tokens takes n ms and gives
+    token 7 n times a prompt; records (batch, max_new_tokens, max_cache_len, repeats)."""
+    calls = []
+
+    def time_generate(model, prompts, max_new_tokens, max_cache_len, repeats):
+        calls.append((len(prompts), max_new_tokens, max_cache_len, repeats))
+        return max_new_tokens / 1e3, [[7] * max_new_tokens for _ in prompts]
+    monkeypatch.setattr(bench_peer, "time_generate", time_generate)
+    return calls
+
+
+def test_the_prompt_ids_go_to_the_model_s_device():
+    """On a GPU model, ids left on the host would be moved every forward, the logits brought back
+    every step, and that transfer counted in the peer's ms per step."""
+    devices = []
+
+    def generate(ids, attention_mask, max_new_tokens, **kwargs):
+        devices.append((ids.device, attention_mask.device))
+        return torch.zeros(ids.shape[0], ids.shape[1] + max_new_tokens, dtype=torch.long)
+    model = SimpleNamespace(device=torch.device("meta"), generation_config=SimpleNamespace(), generate=generate)
+    _, tokens = bench_peer.time_generate(model, [[1, 2, 3], [4, 5, 6]], max_new_tokens=4, max_cache_len=8, repeats=2)
+    assert devices == [(torch.device("meta"),) * 2] * 3 and tokens == [[0] * 4] * 2
+
+
+def test_a_model_transformers_compiled_is_reported_compiled(monkeypatch):
+    """bench_summary says the peer "did NOT compile its forward" from this figure."""
+    timed_generate(monkeypatch)
+    model = SimpleNamespace(device=torch.device("cuda:0"), dtype=torch.bfloat16, _compiled_call=lambda *args: None)
+    got = peer_figures(model, [[1, 2]], [1], SHORT, LONG, repeats=1)
+    assert got["per_concurrency"]["1"]["compiled"] is True
+
+
+def test_the_peer_command_times_the_default_lengths_and_prints_each_figure(bench_tiny_dir, tmp_path, monkeypatch, capsys):
+    """`specgate bench-model peer` passes no lengths: what it times, and what its report's method
+    says, are the defaults (32 and 160 new tokens, medians of 3), and each figure is printed as it
+    comes. Only the move to the GPU is stood in for."""
+    import specgate_cli
+    calls, moved_to = timed_generate(monkeypatch), []
+
+    def to(self, device=None, **kwargs):
+        moved_to.append(device)
+        return torch.nn.Module.to(self, **kwargs)
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "to", to)
+    report = tmp_path / "peer.json"
+    assert specgate_cli.main(["bench-model", "peer", "--model", str(bench_tiny_dir), "--device", "cuda",
+                              "--concurrency", "1", "--prompt-len", "8", "--json", str(report)]) == 0
+    assert moved_to == ["cuda"] and calls == [(1, 32, 8 + 160, 3), (1, 160, 8 + 160, 3)]
+    assert json.loads(report.read_text())["method"] == "(t(max_new_tokens=160) - t(32)) / 128, medians of 3"
+    assert "specgate: transformers c=1: 1.000 ms per step" in capsys.readouterr().err

@@ -106,5 +106,7 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
         planner = llm.runner.planner
         assert len(llm.runner.graphs) == len(planner.buckets) * len(planner.context_buckets)  # all at start-up
         assert "graph" in arms and llm.runner.num_graph_replays > 0
+        # each capture synchronises once, inside the wait the no-sync gate knows by this name
+        assert llm.runner.declared_syncs.counts["graph capture"] == len(llm.runner.graphs)
     if arm["graph"] and arm["attention_backend"] == "sdpa":
         assert len(planner.context_buckets) > 1  # the context is bucketed, not padded to the table

@@ -75,6 +75,18 @@ def test_the_negative_control_accepts_every_draft_the_target_rates_at_least_one_
     assert 0.2 < verify(*args)[1].float().mean() < 0.4
 
 
+def test_the_negative_control_runs_on_the_logits_device():
+    """The lossy engine's negative control verifies on the GPU; its uniform q must be made where
+    the logits are, or verify fails on the device mismatch. Meta stands in for the GPU: verify's
+    real code runs on it and refuses a CPU q as CUDA does."""
+    n, meta = 2, torch.device("meta")
+    sampling = SamplingTensors(temperature=torch.ones(n, device=meta), top_k=torch.full((n,), -1, device=meta),
+                               top_p=torch.ones(n, device=meta), keys=torch.arange(n, device=meta))
+    ones = torch.ones(n, dtype=torch.long, device=meta)
+    sampled, num_accepted = wrong_q_verify(torch.zeros(n, 2, 4, device=meta), ones[:, None], ones, None, sampling, ones)
+    assert (sampled.device, sampled.shape, num_accepted.device) == (meta, (n, 2), meta)
+
+
 def test_the_one_hot_drafter_proposes_p_s_most_likely_tokens_and_the_sampled_one_draws_from_q():
     p, sampled, num_accepted = verify_round(300, 6, 3, "one-hot", lossy=False)
     accepted = [(r, j) for r in range(300) for j in range(int(num_accepted[r]))]

@@ -18,7 +18,7 @@ from engine import load_cost
 from engine.bench_model import SHAPES, tensor_shapes
 from engine.errors import SpecgateError
 from engine.load_cost import child_main, measure_load_in_child, memory_mib, shard_figures
-from engine.loader import INDEX_FILE
+from engine.loader import INDEX_FILE, LoadMeasurement
 
 STATUS = """Name:\tpython3
 Umask:\t0022
@@ -102,6 +102,23 @@ def test_the_child_loads_in_the_asked_dtype_and_prints_null_for_what_the_platfor
     assert round(low, 3) <= got["peak_rss_mib_before"] <= got["peak_rss_mib"] <= round(high, 3)
     assert got["rss_mib_after"] is got["rss_anon_mib_after"] is got["rss_file_mib_after"] is None
     assert isinstance(got["touch_seconds"], float) and got["seconds"] > 0
+
+
+def test_on_a_gpu_the_child_makes_the_cuda_context_on_that_gpu_before_the_baseline(monkeypatch):
+    """The CUDA context costs host memory that any run pays, so it belongs to the baseline, not to
+    the load: it must exist on the named GPU before the first memory reading. torch.zeros, the
+    reading and the load are recorded (this machine has no GPU); the tensor's size is no matter."""
+    events = []
+    monkeypatch.setattr(torch, "zeros", lambda *size, device=None: events.append(("context", device)))
+    monkeypatch.setattr(load_cost, "memory_mib",
+                        lambda: events.append("memory") or {"peak": 1.0, "now": 1.0, "anon": None, "file": None})
+
+    def measure_load(model_dir, device, dtype):
+        events.append(("load", device))
+        return LoadMeasurement(0.5, 2.0, 1.0, 1.0, 2.0), None
+    monkeypatch.setattr(engine.loader, "measure_load", measure_load)
+    child_main(json.dumps({"model": "unused", "device": "cuda:1", "dtype": None}))
+    assert events == [("context", "cuda:1"), "memory", ("load", "cuda:1"), "memory"]
 
 
 def test_the_shard_figures_are_the_count_the_largest_and_the_sum_in_mib(tmp_path):

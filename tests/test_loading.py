@@ -14,10 +14,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine import loader
 from engine.block_drafter import BlockProposer, DFlashDraftModel, DrafterConfig, load_drafter
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
-from engine.loader import WEIGHTS_FILE, load_model, load_weights, save_model
+from engine.loader import WEIGHTS_FILE, load_model, load_weights, measure_load, save_model
 from engine.model import LlamaForCausalLM
 from engine.runtime import file_sha256
 from fixtures import DRAFTER_DIR
@@ -345,6 +346,24 @@ def test_drafter_trained_against_another_target_warns_naming_the_checksum(tmp_pa
         "output stays exact, acceptance will be low"]
     # stacklevel=2: the warning points at whoever called from_dir, not at the engine's own line.
     assert not record[0].filename.endswith("block_drafter.py")
+
+
+def test_measure_load_on_a_named_gpu_reports_that_gpu_s_peak_during_the_load_in_mib(monkeypatch):
+    """On cuda:1 the figures must be cuda:1's, not the current device's: its peak reset before the
+    load, its queued work waited for before the clock stops, and its peak bytes reported in MiB.
+    torch.cuda is recorded (this machine has no GPU); the load is a 2 MiB model on the meta device."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: calls.append(("synchronize", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: calls.append(("peak", device)) or 5 * 2**20)
+
+    def load(model_dir, device, dtype):
+        calls.append(("load", device))
+        return torch.nn.Linear(512, 1024, bias=False, device="meta")
+    monkeypatch.setattr(loader, "load_model", load)
+    m, _ = measure_load("unused", "cuda:1")
+    assert calls == [("reset", "cuda:1"), ("load", "cuda:1"), ("synchronize", "cuda:1"), ("peak", "cuda:1")]
+    assert (m.weights_mib, m.device_peak_mib) == (2.0, 5.0)
 
 
 def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_folder(llama3_sharded_dir, tmp_path,

@@ -188,8 +188,8 @@ def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
 
     from mutants.mutation_stage import CUDA_STAGING, CUDA_SUITE, STAGING, SUITE, stage
     assert CUDA_STAGING != STAGING and CUDA_STAGING.parent == STAGING.parent
-    assert CUDA_SUITE[:2] == ("tests/test_cuda_path.py", "tests/test_cuda_bench.py")
-    assert set(CUDA_SUITE[2:]) == set(SUITE) - {"tests"}
+    assert CUDA_SUITE[:3] == ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_sync.py")
+    assert set(CUDA_SUITE[3:]) == set(SUITE) - {"tests"} and "gates/no_sync.py" not in SUITE
     assert all((REPO / path).is_file() for path in CUDA_SUITE) and len(CUDA_SUITE) > 3
     stage(tmp_path / "cpu")
     stage(tmp_path / "cuda", CUDA_SUITE)

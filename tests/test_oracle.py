@@ -11,6 +11,7 @@ of a truncated geometric law with mean τ and standard deviation σ_T
 |τ̂ - τ| <= Z·σ_T/√N with Z = 4 (false alarm about 6e-5). Negative control: a run asking for a τ
 one token higher lands outside the same band."""
 import pytest
+import torch
 
 from engine import SamplingParams
 from engine.bench import oracle_script
@@ -197,3 +198,28 @@ def test_two_requests_with_one_prompt_draw_their_own_coins(make_llm, workload, p
     outs = oracle.generate(twice.prompt_list(), twice.params(ignore_eos=True))
     assert outs[0].token_ids == outs[1].token_ids  # lossless: the same tokens
     assert outs[0].stats.accepted_per_position != outs[1].stats.accepted_per_position
+
+
+class CopyKwargs(torch.overrides.TorchFunctionMode):
+    """Records the keyword arguments of every Tensor.copy_ made inside it."""
+    def __init__(self):
+        super().__init__()
+        self.calls: list[dict] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            self.calls.append(dict(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_admission_queues_its_copies_without_a_host_wait():
+    """The async runner admits a request while the device still runs the step before: each of
+    admission's three copies (sequence, length, key) into the device tables is non-blocking, so
+    on CUDA it is queued from pinned memory rather than waited for. The rows land as written."""
+    from engine.oracle import OracleProposer
+    script = OracleScript(2.5, {(10, 11, 12): tuple(range(20, 40))})
+    oracle = OracleProposer(script, k=K, num_slots=2, max_len=8, vocab_size=260, device="cpu")
+    with CopyKwargs() as copies:
+        oracle.admit(1, [10, 11, 12], rng_key=7)
+    assert copies.calls == [{"non_blocking": True}] * 3
+    assert oracle.sequence[1].tolist() == [10, 11, 12, 20, 21, 22, 23, 24] and oracle.length[1].item() == 8

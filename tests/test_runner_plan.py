@@ -238,6 +238,35 @@ def test_graphs_are_captured_up_front_on_cuda_only():
     assert runner.graphs == {} and runner.graph_pool is None and runner.num_graph_replays == 0
 
 
+class CountedGraph:
+    """A captured graph's stand-in (torch.cuda.CUDAGraph needs CUDA): it counts its replays."""
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def test_a_graph_replay_reads_its_inputs_in_place_and_counts_each_replay():
+    """_replay on a graph-arm runner's own plan: refused, naming the bucket, when the bucket has no
+    graph or the staged inputs are not the captured ones; otherwise each replay is counted once
+    and returns the graph's own outputs (the bench and the veto's evidence read the count)."""
+    runner = make_runner(graph=True)
+    p = plan(runner, [(req(i, [1, 2, 3], output=[4], blocks=[i], slot=i), False) for i in range(3)], graph=True)
+    key = (p.num_rows, p.max_context_len)
+    graph, outputs = CountedGraph(), {"logits": torch.zeros(1)}
+    for graphs, message in [({}, f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up"),
+                            ({key: (graph, {"slots": torch.zeros(1, dtype=torch.long)}, outputs)},
+                             f"graph {key}: the staged inputs moved since capture")]:
+        runner.graphs = graphs
+        with pytest.raises(RuntimeError) as refused:
+            runner._replay(p)
+        assert str(refused.value) == message
+    runner.graphs = {key: (graph, runner._upload(p), outputs)}
+    assert runner._replay(p) is outputs and runner._replay(p) is outputs
+    assert graph.replays == runner.num_graph_replays == 2
+
+
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():
     assert DeviceState(3, 10, 2, 50, False, "cpu").draft_probs is None
     q = DeviceState(3, 10, 2, 50, True, "cpu").draft_probs

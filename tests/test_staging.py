@@ -33,3 +33,29 @@ def test_a_step_at_the_limits_comes_back_field_by_field():
     for name in (*ROW_FIELDS, *TOKEN_FIELDS, *FLOAT_FIELDS):
         assert views[name].tolist() == cols[name], name
     assert views["block_tables"].tolist() == cols["block_tables"] and views["temperature"].dtype == torch.float32
+
+
+class CopyEvent:
+    """A host buffer's last-copy event (torch.cuda.Event needs CUDA), still running or done."""
+    def __init__(self, done: bool, declared: DeclaredSyncs):
+        self.done, self.declared, self.waited_as = done, declared, []
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited_as.append(self.declared.active)
+
+
+@pytest.mark.parametrize("done", [False, True], ids=["copy-running", "copy-done"])
+def test_a_host_buffer_is_refilled_only_after_its_last_copy_inside_a_declared_wait(done):
+    """The ring's rule: a buffer whose copy is still running is waited for, and that wait is the
+    declared 'staging buffer reuse' (the no-sync gate tells it from a stray sync by that name);
+    a buffer whose copy has finished is refilled at once, with no wait and nothing counted."""
+    declared = DeclaredSyncs()
+    staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", declared)
+    staging.copied[0] = event = CopyEvent(done, declared)
+    views = staging.upload(columns(2, 3), 2, 3)
+    assert event.waited_as == ([] if done else ["staging buffer reuse"])
+    assert declared.counts == ({} if done else {"staging buffer reuse": 1}) and declared.active is None
+    assert views["slots"].tolist() == [0, 1]

@@ -6,9 +6,9 @@ or of `--cuda-only` (its summary.json and records.json). The shards must all com
 of the mutants (the same sources), one suite (the same tests and configuration) and the same N,
 each index once; together they then hold every mutant exactly once and the merge is a complete run
 (the baseline ratchet applies). A --cuda-only report replaces the CPU verdicts of the mutants it
-judged (a run stopped at its time limit leaves some not checked: those keep their CPU verdict): a
-CUDA-only mutant killed on the GPU is killed, and its entry stays, as it explains the CPU runs'
-survivor.
+judged (a run stopped at its time limit leaves some not checked: those keep their CPU verdict),
+except a CPU kill, which stands: a CUDA-only mutant killed on the GPU is killed, and its entry
+stays, as it explains the CPU runs' survivor; one the CPU suite now kills makes its entry stale.
 """
 import json
 import time
@@ -64,14 +64,17 @@ def combine(reports: list[tuple[dict, list[MutantRecord]]]) -> tuple[list[Mutant
             by_name[r.name] = r
     in_scope = shards[0][0]["mutants_in_scope"]
     complete = indices == list(range(1, count + 1)) and len(by_name) == in_scope
-    replaced = 0
+    replaced, killed_on_cuda = 0, []
     for _, records in cuda:
         for r in records:
-            if r.name in by_name and r.status != "not checked":
+            # a kill by either suite is a kill: a CUDA survivor never revives a CPU kill
+            if r.name in by_name and r.status != "not checked" and by_name[r.name].status != "killed":
                 by_name[r.name] = r
                 replaced += 1
+                if r.status == "killed":
+                    killed_on_cuda.append(r.name)
     meta = {"shards": f"{len(indices)} of {count}", "complete": complete, "mutants_in_scope": in_scope,
-            "cuda_verdicts": replaced, "commit": shards[0][0].get("commit"),
+            "cuda_verdicts": replaced, "killed_on_cuda": sorted(killed_on_cuda), "commit": shards[0][0].get("commit"),
             "wall_s_per_shard": [s.get("wall_s") for s, _ in shards]}
     return sorted(by_name.values(), key=lambda r: r.name), meta
 
@@ -83,9 +86,7 @@ def merge(folders: list[Path], report_dir: Path, raise_baseline: bool = False) -
     equivalents = load_equivalents()
     complete = meta["complete"]
     summary = summarise(records)
-    judged_on_cuda = frozenset(r.name for s, rs in reports if s.get("mode") == "cuda-only" for r in rs
-                               if r.status != "not checked")
-    stale = stale_equivalents(records, equivalents, complete, judged_on_cuda)
+    stale = stale_equivalents(records, equivalents, complete, frozenset(meta["killed_on_cuda"]))
     problems = ratchet(summary, load_baseline(), complete, stale, rescoping=raise_baseline)
     if not complete:
         problems.append(f"incomplete merge: {meta['shards']} shards, {len(records)} of "

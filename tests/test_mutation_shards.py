@@ -143,6 +143,7 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
     write_reports(tmp_path / "gpu", [rec("engine.calc.x_f__mutmut_1", "killed")], {}, {"mode": "cuda-only"})
     records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("cpu", "gpu")])
     assert [r.status for r in records] == ["killed", "killed"] and meta["cuda_verdicts"] == 1 and meta["complete"]
+    assert meta["killed_on_cuda"] == ["engine.calc.x_f__mutmut_1"]
     # A CUDA run stopped at its time limit: what it did not check keeps the CPU run's verdict; and
     # a complete full run is the CPU side as one shard of one.
     write_reports(tmp_path / "gpu", [rec("engine.calc.x_f__mutmut_1", "not checked")], {}, {"mode": "cuda-only"})
@@ -150,6 +151,12 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
                                                "mutants_in_scope": 2})
     records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("full", "gpu")])
     assert [r.status for r in records] == ["survived", "killed"] and meta["cuda_verdicts"] == 0 and meta["complete"]
+    # a CUDA survivor (of an older suite, say) never revives a CPU kill
+    write_reports(tmp_path / "gpu", [rec(f"engine.calc.x_f__mutmut_{i}", "survived") for i in (1, 2)], {},
+                  {"mode": "cuda-only"})
+    records, meta = mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("full", "gpu")])
+    assert [r.status for r in records] == ["survived", "killed"] and meta["cuda_verdicts"] == 1
+    assert meta["killed_on_cuda"] == []
     write_reports(tmp_path / "part", cpu, {}, {"mode": "run", "complete": False})
     with pytest.raises(ValueError, match="incomplete or of another mode"):
         mutation_merge.combine([mutation_merge.read_report(tmp_path / d) for d in ("part", "gpu")])

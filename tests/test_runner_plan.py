@@ -1,7 +1,9 @@
 """The model runner's host side, checked directly: what `plan_step` asks the device to do for
 each kind of row, how a graph-arm step is padded, what `_upload` hands the device, and the
-buffers a runner owns. Then two short engine runs for what only a step shows: logits
-processors see the request's own history and row, and verify gets the drafter's q."""
+buffers a runner owns, and a graph replay's checks on a stand-in graph. Then two short engine
+runs for what only a step shows: logits processors see the request's own history and row, and
+verify gets the drafter's q. Over 300 lines because every part drives one runner through the same
+helpers (make_runner, req, plan)."""
 from types import SimpleNamespace
 
 import pytest

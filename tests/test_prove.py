@@ -99,7 +99,7 @@ def test_mutants_holds_no_mutmut_files():
             "mutation_results.py", "mutation_ratchet.py", "mutation_diff.py", "mutation_plugin.py",
             "mutation_report.py", "viewer.py", "proof_html.py", "mutation_shard.py", "mutation_merge.py",
             "mutation-testing-report.schema.json",
-            "equivalent-mutants.toml", "mutation-baseline.json"}
+            "equivalent-mutants.toml", "mutation-baseline.json", "cuda-run"}
     assert {p.name for p in folder.iterdir()} <= ours
     assert not list(folder.rglob("*mutmut*")) and not list(folder.rglob("*.meta"))
 

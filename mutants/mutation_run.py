@@ -116,7 +116,10 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
 
 
 def _stop(proc: subprocess.Popen, stopped: threading.Event) -> None:
-    """The time limit: end mutmut and the children it forked (its own process group)."""
+    """The time limit: end mutmut and the children it forked (its own process group), unless it
+    has just finished on its own (then the run is complete, not stopped)."""
+    if proc.poll() is not None:
+        return
     stopped.set()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)

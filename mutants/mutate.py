@@ -98,8 +98,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
            "mutants_in_scope": len(hashes) if hashes is not None else None,
            "listing_digest": listing_digest(hashes) if hashes is not None else None,
            "suite_digest": suite_fingerprint(suite)[:16],
+           # a cached verdict counts only while it stands (a stop can find it reset)
            "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
-                             and r.name in cached)}
+                             and r.name in cached and r.status != "not checked")}
     # A listed run checks every reviewed entry against the listing, not only those it tested.
     lines = mutated_lines(staging) if hashes is not None else None
     summary, problems = _report(records, equivalents, run, report_dir, lines, rescoping=raise_baseline)

@@ -87,7 +87,7 @@ def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
     fingerprint, stamp = suite_fingerprint(suite), staging / "suite.sha256"
     reset = 0
     if stamp.exists() and stamp.read_text() != fingerprint:
-        reset = reset_verdicts(staging, keep=KILLED_EXIT_CODES)
+        reset = forget_suite(staging)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", *UNSTAGED_TESTS)
     for name in STAGED:
         for root in (staging, staging / "mutants"):
@@ -103,6 +103,21 @@ def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
     (staging / "pyproject.toml").write_text(staging_config(suite))
     stamp.write_text(fingerprint)
     return reset
+
+
+def forget_suite(staging: Path) -> int:
+    """The suite changed: reset every cached verdict but a kill, and keep mutmut from resetting the
+    kills too. mutmut 3.8 resets every verdict (and its stats) when its test selection or pytest
+    arguments change, which it tells by a fingerprint of its config in its stats: a suite that
+    gained a file would re-run every kill, hours on a GPU. With the fingerprint dropped, mutmut
+    keeps the verdicts, maps the suite's new tests and drops its removed ones. Returns how many
+    verdicts were reset."""
+    stats = staging / "mutants" / "mutmut-stats.json"
+    if stats.exists():
+        data = json.loads(stats.read_text())
+        data.pop("config_fingerprint", None)
+        stats.write_text(json.dumps(data))
+    return reset_verdicts(staging, keep=KILLED_EXIT_CODES)
 
 
 def suite_fingerprint(suite: tuple[str, ...] = SUITE) -> str:

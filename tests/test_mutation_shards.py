@@ -310,6 +310,32 @@ def test_functions_new_since_the_stats_were_collected_drop_them_and_their_no_tes
     assert set(mutation_results.cached_verdicts([], staging)) == set(verdicts) - no_tests
 
 
+def test_a_suite_that_gains_a_test_file_keeps_its_kills_and_judges_the_rest_again(tmp_path):
+    """Real mutmut 3.8: a changed test selection (the CUDA suite gained the no-sync gate) would make
+    mutmut reset every verdict itself; after forget_suite a kill is kept, not re-run, and the new
+    file's tests are mapped, so the mutants they cover are killed."""
+    from mutants.mutation_stage import forget_suite
+    staging = make_staging(tmp_path / "staging")
+    config = staging / "pyproject.toml"
+    config.write_text(config.read_text().replace('["tests"]', '["tests/test_calc.py"]'))
+    assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == (0, False)
+    meta_path = staging / "mutants" / "engine" / "calc.py.meta"
+    meta = json.loads(meta_path.read_text())
+    kill = next(n for n, code in meta["exit_code_by_key"].items() if code == 1 and "x_add" in n)
+    meta["durations_by_key"][kill] = 4321.0  # a re-run would overwrite it
+    meta_path.write_text(json.dumps(meta))
+    assert {r.status for r in mutation_results.read_results([], {}, staging) if "x_scale" in r.name} == {"no tests"}
+    (staging / "tests" / "test_scale.py").write_text(
+        "from engine.calc import scale\n\n\ndef test_scale():\n    assert scale(2) == 6\n")
+    config.write_text(config.read_text().replace('["tests/test_calc.py"]',
+                                                 '["tests/test_calc.py", "tests/test_scale.py"]'))
+    assert forget_suite(staging) > 0
+    assert mutation_run.run_mutmut([], 1, tmp_path / "second.log", staging) == (0, False)
+    meta = json.loads(meta_path.read_text())
+    assert (meta["exit_code_by_key"][kill], meta["durations_by_key"][kill]) == (1, 4321.0), "the kill was re-run"
+    assert {r.status for r in mutation_results.read_results([], {}, staging) if "x_scale" in r.name} == {"killed"}
+
+
 def test_a_run_stopped_at_its_time_limit_leaves_no_process_and_the_next_run_resumes(tmp_path):
     """Real mutmut 3.8: a time limit shorter than mutmut's start stops it (and every child it
     forked); the same run without a limit then completes from the same folder."""

@@ -37,6 +37,18 @@ def train_tokenizer(folder: Path, vocab_size: int = 400) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIALS[0], "eos_token": SPECIALS[1]}))
 
 
+class TensorCopies(torch.overrides.TorchFunctionMode):
+    """Records every Tensor.copy_ made inside it: (destination, source, keyword arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            self.calls.append((args[0], args[1], dict(kwargs or {})))
+        return func(*args, **(kwargs or {}))
+
 def save_llama(folder: Path, tokenizer_dir: Path, seed: int, embed_scale: float = 1.0, **config) -> Path:
     """Random-weight LlamaForCausalLM saved by transformers (initializer_range 0.2, so rope, norm
     and activation details change the greedy tokens), with the tokenizer files beside it."""

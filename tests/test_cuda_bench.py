@@ -5,6 +5,7 @@ proposer's tensors on the engine's device, the distribution checks' dense forwar
 count's CUDA events, a bench leg's GPU time, the load measured in a child (and the child's body), the copy bandwidth and the decode report's GPU,
 and the transformers peer."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import torch
 
 from engine import SamplingParams
 from engine.workload import Workload
+
+from conftest import TensorCopies  # tests/conftest.py
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -74,16 +77,23 @@ def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm):
 
 
 def test_the_copy_bandwidth_on_cuda_is_a_device_copy():
+    """Told by where the bytes are, not by a speed: a host-timed figure measures whatever else
+    shares the GPU (a mutation run's children: a floor of 200 GB/s made false kills)."""
     from engine.bench_decode import copy_bandwidth
-    # 200 GB/s: above any host memcpy, and far below a current GPU's device-to-device copy.
-    assert copy_bandwidth("cuda", mib=64) > 2e11
+    with TensorCopies() as copies:
+        bandwidth = copy_bandwidth("cuda", mib=64)
+    assert len(copies.calls) == 11  # the warm-up and the ten timed copies
+    assert all(dst.is_cuda and src.is_cuda and src.nbytes == dst.nbytes == 64 * 2**20
+               for dst, src, _ in copies.calls)
+    assert math.isfinite(bandwidth) and bandwidth > 0
 
 
 def test_the_decode_report_on_cuda_names_the_gpu(bench_tiny_dir):
     from engine.bench_decode import decode_report
     report = decode_report(bench_tiny_dir, "cuda", ["sync"], "eager", [1], prompt_len=8, max_tokens=8, legs=1)
     assert report["gpu"] == torch.cuda.get_device_name(0)
-    assert report["bandwidth_bytes_per_s"] > 2e11 and set(report["arms"]) == {"eager/sync"}
+    assert math.isfinite(report["bandwidth_bytes_per_s"]) and report["bandwidth_bytes_per_s"] > 0
+    assert set(report["arms"]) == {"eager/sync"}
 
 
 def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):

@@ -3,7 +3,7 @@ reference attention, in float32 and bfloat16; the kernel inside a CUDA graph; an
 target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sync/async,
 attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
 arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
-Graphs are captured at start-up, for every (batch, context) bucket."""
+Graphs are captured at start-up, for every (batch, context) bucket. flex's head-dimension floor."""
 import gc
 import os
 
@@ -62,6 +62,23 @@ def test_flex_kernel_replays_inside_a_cuda_graph():
     cache.copy_(torch.randn_like(cache))
     graph.replay()
     torch.testing.assert_close(out, reference(q, k, v, cache, inputs), **TOLERANCE[torch.float32])
+
+
+def test_flex_on_cuda_refuses_a_head_dimension_under_16_and_takes_16_and_sdpa_takes_any(tmp_path,
+                                                                                      hf_tokenizer_dir):
+    """torch's flex lowering does not implement a head dimension under 16: the engine refuses it by
+    name for flex on CUDA only, from 16 up flex builds, and sdpa builds at any head dimension."""
+    from conftest import LLAMA3, save_llama  # tests/conftest.py
+    from engine.errors import SpecgateError
+    from engine.llm import LLM
+    heads = {dim: save_llama(tmp_path / f"d{dim}", hf_tokenizer_dir, seed=3, **{**LLAMA3, "head_dim": dim})
+             for dim in (8, 16)}
+    with pytest.raises(SpecgateError) as refused:
+        LLM(heads[8], device="cuda", attention_backend="flex", max_model_len=64)
+    assert str(refused.value) == ("attention_backend='flex' on CUDA needs a head dimension of at least 16 (torch's "
+                                  "flex kernel), this model has 8; use attention_backend='sdpa'")
+    assert LLM(heads[16], device="cuda", attention_backend="flex", max_model_len=64).runner.flex is not None
+    assert LLM(heads[8], device="cuda", attention_backend="sdpa", max_model_len=64).runner.flex is None
 
 
 PROMPTS = ["def main(", "x = 1\nx = 1\nx = 1\nx =", "import os\nimport sys\nimport re\n", "class A:\n    def f(self):",

@@ -20,6 +20,8 @@ from engine.metrics import Acceptance
 from engine.oracle import OracleScript, acceptance_for_tau, tokens_per_step_moments
 from engine.workload import Workload
 
+from conftest import TensorCopies  # tests/conftest.py
+
 K = 4
 Z = 4.0
 
@@ -200,18 +202,6 @@ def test_two_requests_with_one_prompt_draw_their_own_coins(make_llm, workload, p
     assert outs[0].stats.accepted_per_position != outs[1].stats.accepted_per_position
 
 
-class CopyKwargs(torch.overrides.TorchFunctionMode):
-    """Records the keyword arguments of every Tensor.copy_ made inside it."""
-    def __init__(self):
-        super().__init__()
-        self.calls: list[dict] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.copy_:
-            self.calls.append(dict(kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
 def test_admission_queues_its_copies_without_a_host_wait():
     """The async runner admits a request while the device still runs the step before: each of
     admission's three copies (sequence, length, key) into the device tables is non-blocking, so
@@ -219,7 +209,7 @@ def test_admission_queues_its_copies_without_a_host_wait():
     from engine.oracle import OracleProposer
     script = OracleScript(2.5, {(10, 11, 12): tuple(range(20, 40))})
     oracle = OracleProposer(script, k=K, num_slots=2, max_len=8, vocab_size=260, device="cpu")
-    with CopyKwargs() as copies:
+    with TensorCopies() as copies:
         oracle.admit(1, [10, 11, 12], rng_key=7)
-    assert copies.calls == [{"non_blocking": True}] * 3
+    assert [kwargs for *_, kwargs in copies.calls] == [{"non_blocking": True}] * 3
     assert oracle.sequence[1].tolist() == [10, 11, 12, 20, 21, 22, 23, 24] and oracle.length[1].item() == 8

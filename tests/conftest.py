@@ -49,6 +49,7 @@ class TensorCopies(torch.overrides.TorchFunctionMode):
             self.calls.append((args[0], args[1], dict(kwargs or {})))
         return func(*args, **(kwargs or {}))
 
+
 def save_llama(folder: Path, tokenizer_dir: Path, seed: int, embed_scale: float = 1.0, **config) -> Path:
     """Random-weight LlamaForCausalLM saved by transformers (initializer_range 0.2, so rope, norm
     and activation details change the greedy tokens), with the tokenizer files beside it."""

@@ -3,7 +3,8 @@ reference attention, in float32 and bfloat16; the kernel inside a CUDA graph; an
 target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sync/async,
 attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
 arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
-Graphs are captured at start-up, for every (batch, context) bucket. flex's head-dimension floor."""
+Graphs are captured at start-up, for every (batch, context) bucket. And flex's floor on the head
+dimension: refused under 16 on CUDA, by name."""
 import gc
 import os
 

@@ -4,6 +4,7 @@ buffers a runner owns, and a graph replay's checks on a stand-in graph. Then two
 runs for what only a step shows: logits processors see the request's own history and row, and
 verify gets the drafter's q. Over 300 lines because every part drives one runner through the same
 helpers (make_runner, req, plan)."""
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.proposers import NgramProposer
 from engine.request import Request
 from engine.policy import ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC
-from engine.runner import DeviceState, ModelRunner
+from engine.runner import DeviceState, ModelRunner, step_sizes
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch, spec_width
 from engine.tokenizer import PAD_ID
@@ -267,6 +268,66 @@ def test_a_graph_replay_reads_its_inputs_in_place_and_counts_each_replay():
     runner.graphs = {key: (graph, runner._upload(p), outputs)}
     assert runner._replay(p) is outputs and runner._replay(p) is outputs
     assert graph.replays == runner.num_graph_replays == 2
+
+
+class StandInStream:
+    """A CUDA stream's stand-in: it logs which stream waits for which."""
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append((self.name, "waits for", other.name))
+
+
+class CaptureCalls:
+    """Stand-ins for the CUDA calls a graph capture makes (streams, a graph and its capture need
+    CUDA), and for the runner's device step: each call goes into one log, in order."""
+    def __init__(self, runner, monkeypatch):
+        self.log = []
+        self.current, self.side = StandInStream("current", self.log), StandInStream("side", self.log)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "Stream", lambda: self.side)
+        monkeypatch.setattr(torch.cuda, "stream", self._context("stream"))
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", CountedGraph)
+        monkeypatch.setattr(torch.cuda, "graph", self._context("capture"))
+
+        def device_step(inputs, sizes, graph=False):
+            out = SimpleNamespace()  # a fresh object: the graph must keep the captured call's
+            self.log.append(("device step", inputs, sizes, graph, runner.declared_syncs.active, out))
+            return out
+        runner.device_step = device_step
+
+    def _context(self, name):
+        @contextmanager
+        def logged(*args, **kwargs):
+            self.log.append((name, *args, kwargs))
+            yield
+            self.log.append(("end " + name,))
+        return logged
+
+
+def test_a_capture_warms_up_on_a_side_stream_then_captures_the_padding_step_in_its_declared_wait(monkeypatch):
+    """_capture, whose CUDA calls are stood in for: the bucket's padding step is staged once, run
+    once on a side stream that waited for the current one (the warm-up, graph arm), then captured
+    on the same inputs inside the declared wait `graph capture`, into the engine's shared pool;
+    the graph keeps those inputs and the captured call's outputs."""
+    runner = make_runner(graph=True)
+    runner.graph_pool = object()  # a CUDA engine's shared pool (None on the CPU)
+    calls = CaptureCalls(runner, monkeypatch)
+    key = (runner.planner.buckets[-1], runner.planner.context_buckets[0])
+    runner._capture(key)
+    graph, static_in, static_out = runner.graphs[key]
+    staged = {name: t.tolist() for name, t in static_in.items()}  # before another upload reuses the buffers
+    padding = runner.planner.padding_plan(*key)
+    warm_out = calls.log[2][-1]
+    assert calls.log == [("side", "waits for", "current"), ("stream", calls.side, {}),
+                         ("device step", static_in, step_sizes(padding), True, None, warm_out), ("end stream",),
+                         ("current", "waits for", "side"), ("capture", graph, {"pool": runner.graph_pool}),
+                         ("device step", static_in, step_sizes(padding), True, "graph capture", static_out),
+                         ("end capture",)]
+    assert isinstance(graph, CountedGraph) and static_out is not warm_out and list(runner.graphs) == [key]
+    assert runner.declared_syncs.counts == {"graph capture": 1}
+    assert staged == {name: t.tolist() for name, t in runner._upload(padding).items()}, "not the bucket's padding"
 
 
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():

@@ -1,8 +1,8 @@
 """The model runner's host side, checked directly: what `plan_step` asks the device to do for
 each kind of row, how a graph-arm step is padded, what `_upload` hands the device, and the
-buffers a runner owns, and a graph replay's checks on a stand-in graph. Then two short engine
-runs for what only a step shows: logits processors see the request's own history and row, and
-verify gets the drafter's q. Over 300 lines because every part drives one runner through the same
+buffers a runner owns, a graph replay's checks on a stand-in graph, and a capture's CUDA calls on
+stand-ins. Then two short engine runs for what only a step shows: logits processors see the
+request's own history and row, and verify gets the drafter's q. Over 300 lines because every part drives one runner through the same
 helpers (make_runner, req, plan)."""
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -307,8 +307,8 @@ class CaptureCalls:
 
 
 def test_a_capture_warms_up_on_a_side_stream_then_captures_the_padding_step_in_its_declared_wait(monkeypatch):
-    """_capture, whose CUDA calls are stood in for: the bucket's padding step is staged once, run
-    once on a side stream that waited for the current one (the warm-up, graph arm), then captured
+    """_capture, whose CUDA calls are stood in for: the bucket's padding step is staged, run once
+    on a side stream that waited for the current one (the warm-up, graph arm), then captured
     on the same inputs inside the declared wait `graph capture`, into the engine's shared pool;
     the graph keeps those inputs and the captured call's outputs."""
     runner = make_runner(graph=True)

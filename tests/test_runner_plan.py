@@ -2,8 +2,8 @@
 each kind of row, how a graph-arm step is padded, what `_upload` hands the device, and the
 buffers a runner owns, a graph replay's checks on a stand-in graph, and a capture's CUDA calls on
 stand-ins. Then two short engine runs for what only a step shows: logits processors see the
-request's own history and row, and verify gets the drafter's q. Over 300 lines because every part drives one runner through the same
-helpers (make_runner, req, plan)."""
+request's own history and row, and verify gets the drafter's q. Over 300 lines because every
+part drives one runner through the same helpers (make_runner, req, plan)."""
 from contextlib import contextmanager
 from types import SimpleNamespace
 

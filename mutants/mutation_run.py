@@ -79,6 +79,7 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
     Returns (mutmut's exit status, whether `time_limit` seconds stopped it): mutmut saves each
     verdict as it comes, so a stopped run keeps the verdicts it reached and the next run resumes."""
     from tqdm import tqdm
+    drop_unfinished_mutant_files(staging)
     env = mutmut_env(env)
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *patterns]
     terminal = sys.stderr.isatty()
@@ -113,6 +114,25 @@ def run_mutmut(patterns: list[str], max_children: int, log_path: Path, staging: 
         if timer:
             timer.cancel()
         return rc, stopped.is_set()
+
+
+def drop_unfinished_mutant_files(staging: Path) -> list[Path]:
+    """mutmut writes a source file's mutants, then its .meta, and takes a mutant file newer than its
+    source as done: a run stopped (or a machine lost) between the two leaves a truncated file that
+    it never writes again, and every later run fails to import it. Each working-copy file of a
+    mutated source whose .meta is missing or older is removed, so mutmut writes it again (it merges
+    the verdicts of an older .meta back by function hash). Returns the files removed."""
+    dropped = []
+    working_copy = staging / "mutants"
+    for source in SOURCES:
+        for path in (working_copy / source).rglob("*.py"):
+            if not is_mutated(path.relative_to(working_copy).as_posix()):
+                continue  # a file mutmut only copies, which it copies again every run
+            meta = path.with_name(path.name + ".meta")
+            if not meta.exists() or meta.stat().st_mtime_ns < path.stat().st_mtime_ns:
+                path.unlink()
+                dropped.append(path)
+    return dropped
 
 
 def _stop(proc: subprocess.Popen, stopped: threading.Event) -> None:

@@ -4,6 +4,7 @@ re-run, the CUDA run's report merges over a CPU run's, a run stopped at its time
 and the CI workflow's matrix agrees with the command line. Over 300 lines because those are one
 path (list, shard, run, merge) and its tests share one real mutmut package."""
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -345,6 +346,29 @@ def test_a_run_stopped_at_its_time_limit_leaves_no_process_and_the_next_run_resu
     assert _processes_working_in(staging) == [], "the stopped run left a process behind"
     assert mutation_run.run_mutmut([], 1, tmp_path / "resumed.log", staging, time_limit=600) == (0, False)
     assert {r.status for r in mutation_results.read_results([], {}, staging)} == {"killed", "survived", "no tests"}
+
+
+@pytest.mark.parametrize("meta", ["missing", "older"])
+def test_a_mutant_file_left_half_written_by_a_stop_is_written_again_with_its_verdicts(tmp_path, meta):
+    """Real mutmut 3.8: a stop while mutmut writes a source's mutants leaves the file truncated,
+    its .meta not yet (re)written; mutmut alone would take the file as done and every later run
+    would fail to import it (seen once in eleven stops at 0.5 s). The next run writes it again and
+    keeps the verdicts."""
+    staging = make_staging(tmp_path / "staging")
+    assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == (0, False)
+    verdicts = {r.name: r.status for r in mutation_results.read_results([], {}, staging)}
+    mutant_file = staging / "mutants" / "engine" / "calc.py"
+    meta_path = mutant_file.with_name("calc.py.meta")
+    saved = meta_path.read_text()
+    mutant_file.write_text("")  # the stop's truncated file, newer than its source
+    if meta == "missing":
+        meta_path.unlink()
+    else:  # a rewrite stopped after an earlier run's .meta
+        os.utime(meta_path, ns=(mutant_file.stat().st_mtime_ns - 10**9,) * 2)
+    assert mutation_run.run_mutmut([], 1, tmp_path / "second.log", staging) == (0, False)
+    assert {r.name: r.status for r in mutation_results.read_results([], {}, staging)} == verdicts
+    if meta == "older":  # the verdicts came from the old .meta, not from testing again (that rewrites the times)
+        assert json.loads(meta_path.read_text())["durations_by_key"] == json.loads(saved)["durations_by_key"]
 
 
 def _processes_working_in(folder: Path) -> list[int]:

@@ -62,7 +62,7 @@ mutate: venv
 # inlined into mutation-report.html; the mutation run and tests/test_report_render.py also do this
 # themselves when it is missing (npm, registry only).
 viewer: venv
-	$(PY) -m mutants.viewer
+	$(PY) -m mutants.mutation.viewer
 
 fixtures: venv
 	$(PY) -m fixtures.train_target --out fixtures/target

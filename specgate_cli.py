@@ -78,7 +78,7 @@ def _llm(args, **extra):
 
 def cmd_generate(args) -> int:
     from engine import SamplingParams
-    from engine.metrics import Acceptance
+    from engine.bench.metrics import Acceptance
     llm = _llm(args)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                             top_k=args.top_k, top_p=args.top_p)
@@ -102,8 +102,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from engine import bench
-    from engine.runtime import model_checksums
+    from engine.bench import legs as bench
+    from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
         return _measure_load(args)
@@ -117,7 +117,7 @@ def cmd_bench(args) -> int:
         raise SpecgateError("--spec oracle needs --oracle-tau T (the mean acceptance length to replay at), "
                             "and --oracle-tau is used only with --spec oracle")
     if oracle:
-        from engine.oracle import acceptance_for_tau
+        from engine.bench.oracle import acceptance_for_tau, oracle_proposer
         acceptance_for_tau(args.oracle_tau, args.num_spec_tokens)  # refuse before the plain pass runs
         if args.temperature != 0:
             raise SpecgateError("--spec oracle replays a greedy run: --temperature must be 0")
@@ -136,7 +136,8 @@ def cmd_bench(args) -> int:
     on_leg = None if terminal else leg_line
     if oracle:
         def make(c, script):
-            return _llm(args, max_num_seqs=c, spec="oracle" if script else None, oracle=script, graph=args.graph)
+            return _llm(args, max_num_seqs=c, spec="oracle" if script else None,
+                        proposer=oracle_proposer(script) if script else None, graph=args.graph)
         plain, legs = bench.run_oracle_bench(make, workload, concurrencies, args.legs, args.warmup_legs,
                                              args.oracle_tau, args.num_spec_tokens, terminal, on_leg)
         result = bench.oracle_report(plain, legs, workload, meta | {"oracle_tau": args.oracle_tau})
@@ -150,7 +151,7 @@ def cmd_bench(args) -> int:
         print(f"concurrency {c}: oracle over plain {cmp['speedup']}x at τ {cmp['tau']:.2f} "
               f"(asked {args.oracle_tau}), tokens {'equal' if cmp['lossless'] else 'DIFFER from'} the plain run's")
     if args.count_kernels:
-        from engine.kernel_count import count_kernels
+        from engine.bench.kernel_count import count_kernels
         result["kernels"] = {str(c): count_kernels(_llm(args, max_num_seqs=c, spec=None if oracle else args.spec),
                                                    workload) for c in concurrencies}
         for c, kc in result["kernels"].items():
@@ -187,8 +188,8 @@ def _print_summary(summary: dict, label: str, spec: str | None = None) -> None:
 
 def _measure_load(args) -> int:
     """`specgate bench --measure-load`: load time and peak host memory of the weights alone,
-    measured in a fresh child process (engine/load_cost.py)."""
-    from engine.load_cost import measure_load_in_child
+    measured in a fresh child process (engine/bench/load_cost.py)."""
+    from engine.bench.load_cost import measure_load_in_child
     m = measure_load_in_child(args.model, args.device, args.dtype)
     device = f", device peak {m['device_peak_mib']} MiB" if m["device_peak_mib"] is not None else ""
     touch = f" (+{m['touch_seconds']} s to page the mapped weights in)" if m["touch_seconds"] is not None else ""
@@ -208,7 +209,7 @@ def _resolve_model_shape(args) -> None:
         return
     if args.model != str(TARGET_DIR):
         raise SpecgateError("give --model or --model-shape, not both")
-    from engine.bench_model import write_bench_model
+    from engine.bench.models import write_bench_model
     args.model = str(write_bench_model(args.model_shape, args.model_seed, progress=_progress))
 
 
@@ -217,7 +218,7 @@ def _progress(message: str) -> None:
 
 
 def cmd_bench_model_write(args) -> int:
-    from engine.bench_model import write_bench_model
+    from engine.bench.models import write_bench_model
     print(write_bench_model(args.shape, args.seed, args.dir, progress=_progress))
     return 0
 
@@ -225,7 +226,7 @@ def cmd_bench_model_write(args) -> int:
 def _bench_model_dir(args) -> str:
     if args.model is not None:
         return args.model
-    from engine.bench_model import write_bench_model
+    from engine.bench.models import write_bench_model
     return str(write_bench_model(args.shape, args.seed, progress=_progress))
 
 
@@ -237,7 +238,7 @@ def _write_json(path, result: dict) -> None:
 
 
 def cmd_bench_model_decode(args) -> int:
-    from engine.bench_decode import decode_report
+    from engine.bench.decode import decode_report
     result = decode_report(_bench_model_dir(args), args.device, list(args.runners), args.arm, args.concurrency,
                            args.prompt_len, args.max_tokens, args.legs, progress=_progress,
                            attention_backends=args.attention_backends,
@@ -252,8 +253,8 @@ def cmd_bench_model_decode(args) -> int:
 
 
 def cmd_bench_model_peer(args) -> int:
-    from engine.bench_model import bench_prompts
-    from engine.bench_peer import transformers_peer
+    from engine.bench.models import bench_prompts
+    from engine.bench.peer import transformers_peer
     prompts = bench_prompts(max(args.concurrency), args.prompt_len)
     result = transformers_peer(_bench_model_dir(args), prompts, args.concurrency, args.device, progress=_progress)
     if not result["ran"]:
@@ -265,7 +266,7 @@ def cmd_bench_model_peer(args) -> int:
 
 
 def cmd_bench_model_summary(args) -> int:
-    from engine import bench_summary
+    from engine.bench import summary as bench_summary
     spec = dict(pair.split("=", 1) for pair in args.spec)
     result = bench_summary.summarize_files(args.decode, args.peer, args.load, spec)
     _write_json(args.json, result)
@@ -277,7 +278,7 @@ def cmd_bench_model_summary(args) -> int:
 
 
 def add_bench_model_parser(sub) -> None:
-    from engine.bench_model import SHAPES
+    from engine.bench.models import SHAPES
     bm = sub.add_parser("bench-model", help="seeded random-weight benchmark models (no download)")
     bm_sub = bm.add_subparsers(dest="bench_model_command", required=True)
     w = bm_sub.add_parser("write", help="write a benchmark model folder unless it is complete; print its path")
@@ -351,7 +352,7 @@ def main(argv=None) -> int:
                    "on the CPU: aten ops)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
-    from engine.bench_model import SHAPES
+    from engine.bench.models import SHAPES
     b.add_argument("--model-shape", choices=list(SHAPES), default=None,
                    help="bench the seeded random-weight model of this shape (written to the cache if missing; "
                    "`specgate bench-model write`) instead of --model")
@@ -361,9 +362,9 @@ def main(argv=None) -> int:
     b.set_defaults(func=cmd_bench)
     add_bench_model_parser(sub)
     from gates.cli import add_gates_parser
-    from mutants.catalogue import proven_against
-    from mutants.mutate import add_mutate_parser
-    from mutants.prove import add_prove_parser
+    from mutants.proof.catalogue import proven_against
+    from mutants.mutation.mutate import add_mutate_parser
+    from mutants.proof.prove import add_prove_parser
     add_gates_parser(sub, proven_against(g.name for g in GATES))
     add_prove_parser(sub)
     add_mutate_parser(sub)

@@ -26,9 +26,9 @@ from engine.attention import AttentionMetadata, context_slots
 from engine.config import EngineConfig, ModelConfig, read_config_json, require_fields
 from engine.errors import ModelLoadError, SpecgateError
 from engine.loader import WEIGHTS_FILE, load_weights, read_state_dict
-from engine.runtime import file_sha256
+from engine.loader import file_sha256
 from engine.model import DecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
-from engine.proposers import ProposeInput
+from engine.proposers import ProposeInput, Proposer
 from engine.sampling import STREAM_DRAFT, sample_from_probs
 from engine.tokenizer import MASK_ID
 
@@ -173,7 +173,7 @@ def mismatch_with_target(drafter_dir: str | os.PathLike | None, target_dir: str 
     weights must be these. The engine still runs a drafter trained for another target of the same
     shape (exact output, low acceptance); this tells a caller that needs real acceptance."""
     from engine.config import ModelConfig
-    from engine.runtime import weights_sha256
+    from engine.loader import weights_sha256
     if drafter_dir is None:
         return "no block drafter folder was given"
     try:
@@ -188,7 +188,7 @@ def mismatch_with_target(drafter_dir: str | os.PathLike | None, target_dir: str 
     return None
 
 
-class BlockProposer:
+class BlockProposer(Proposer):
     """Drafts k tokens per request from one drafter forward; see the module docstring."""
 
     has_q = True  # drafts are sampled from q, so verify needs q itself, not a one-hot

@@ -1,5 +1,5 @@
-"""KV-cache block bookkeeping: which fixed-size blocks of the paged cache each request owns."""
-from engine.request import Request
+"""KV-cache block bookkeeping: which fixed-size blocks of the paged cache are free. The scheduler
+owns each request's list of block ids; this hands blocks out and takes them back."""
 
 
 class BlockManager:
@@ -12,21 +12,19 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    def blocks_needed(self, req: Request, num_tokens: int) -> int:
-        return max(0, -(-num_tokens // self.block_size) - len(req.block_ids))
+    def blocks_needed(self, num_held: int, num_tokens: int) -> int:
+        """More blocks a holder of `num_held` blocks needs for positions [0, num_tokens)."""
+        return max(0, -(-num_tokens // self.block_size) - num_held)
 
-    def can_reserve(self, req: Request, num_tokens: int) -> bool:
-        return self.blocks_needed(req, num_tokens) <= self.num_free_blocks
+    def can_reserve(self, num_held: int, num_tokens: int) -> bool:
+        return self.blocks_needed(num_held, num_tokens) <= self.num_free_blocks
 
-    def reserve(self, req: Request, num_tokens: int) -> None:
-        """Make sure `req` owns blocks for positions [0, num_tokens)."""
-        need = self.blocks_needed(req, num_tokens)
+    def reserve(self, num_held: int, num_tokens: int) -> list[int]:
+        """The blocks to add to a holder of `num_held` so it covers positions [0, num_tokens)."""
+        need = self.blocks_needed(num_held, num_tokens)
         if need > self.num_free_blocks:
-            raise RuntimeError(f"reserve: request {req.request_id} needs {need} blocks, "
-                               f"{self.num_free_blocks} free")
-        for _ in range(need):
-            req.block_ids.append(self.free_block_ids.pop())
+            raise RuntimeError(f"reserve: {need} blocks needed, {self.num_free_blocks} free")
+        return [self.free_block_ids.pop() for _ in range(need)]
 
-    def free(self, req: Request) -> None:
-        self.free_block_ids.extend(reversed(req.block_ids))
-        req.block_ids = []
+    def free(self, block_ids: list[int]) -> None:
+        self.free_block_ids.extend(reversed(block_ids))

@@ -10,7 +10,6 @@ from engine.activations import ACTIVATIONS, TRANSFORMERS_ACTIVATIONS
 from engine.attention import ATTENTION_BACKENDS
 from engine.errors import ModelLoadError, SpecgateError
 from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
-from engine.oracle import OracleScript, acceptance_for_tau, oracle_refusal
 from engine.policy import MAX_INFLIGHT_STEPS, kv_lookahead
 from engine.rope import RopeScaling, parse_rope
 
@@ -22,7 +21,7 @@ CHECKPOINT_DTYPES = (*DTYPES, "float16")
 LLAMA_RMS_NORM_EPS = 1e-6
 # transformers' LlamaConfig default for a config.json without the key (an explicit null: none).
 LLAMA_EOS_TOKEN_ID = 2
-SPEC_METHODS = (None, "ngram", "block", "oracle")  # oracle: benchmarks only (engine/oracle.py)
+SPEC_METHODS = (None, "ngram", "block", "oracle")  # oracle: benchmarks only, handed in (engine/bench/oracle.py)
 
 
 def read_config_json(folder: Path, kind: str) -> tuple[Path, dict]:
@@ -180,7 +179,6 @@ class EngineConfig:
     compile: bool = False             # engine/fused.py: the layers fused and compiled by inductor
     trace: bool = False
     seed: int = 0
-    oracle: OracleScript | None = None  # spec="oracle" only: what the bench's plain run emitted
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -188,9 +186,6 @@ class EngineConfig:
             raise SpecgateError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.spec not in SPEC_METHODS:
             raise SpecgateError(f"spec must be one of {SPEC_METHODS}, got {self.spec!r}")
-        refusal = oracle_refusal(self.spec, self.oracle)
-        if refusal:
-            raise SpecgateError(refusal)
         checks = {
             "max_num_seqs": (1, 256), "max_model_len": (2, 1 << 16), "block_size": (1, 1024),
             "max_num_batched_tokens": (1, 1 << 20), "num_spec_tokens": (1, 16),
@@ -199,8 +194,6 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or not lo <= value <= hi:
                 raise SpecgateError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-        if self.oracle is not None:
-            acceptance_for_tau(self.oracle.tau, self.k)  # refuses a tau outside [1, k+1]
         if self.max_num_batched_tokens < self.max_model_len:
             raise SpecgateError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "

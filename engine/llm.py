@@ -1,27 +1,26 @@
 """The public engine: LLM(model=DIR).generate(prompts, SamplingParams(...)).
 
-A step is: schedule -> plan -> execute on the device -> read results -> update requests.
+A step is: schedule -> plan -> launch on the device -> read results -> apply them to requests.
 The sync runner reads step t's results before scheduling step t+1. The async runner launches
 step t+1 first and reads step t's results afterwards, so the host never waits on the device;
 it learns every result, including that a request finished, one step late.
 """
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from engine.clock import NullClock
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError, SpecgateError
 from engine.generation_config import GenerationDefaults
 from engine.loader import load_model
-from engine.oracle import OracleProposer, make_oracle
 from engine.outputs import RequestOutput
-from engine.proposers import NgramProposer
-from engine.request import Request, Status
-from engine.runner import ModelRunner, StepOutput
+from engine.proposers import NgramProposer, Proposer, ProposerFactory
+from engine.request import Request
+from engine.runner import InFlight, ModelRunner
 from engine.sampling import SamplingParams, request_key
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.step_plan import StepPlan
 from engine.step_result import StepResult
 from engine.tokenizer import HFTokenizer, load_tokenizer
@@ -29,17 +28,11 @@ from engine.trace import StepTrace, trace_step
 from engine.veto import runner_policy
 
 
-@dataclass
-class InFlight:
-    plan: StepPlan
-    output: StepOutput
-    host: torch.Tensor | None = None
-    event: "torch.cuda.Event | None" = None
-    gpu_span: tuple | None = None   # timing events around the device work (bench, CUDA)
-
-
 class LLM:
-    def __init__(self, model: str | os.PathLike | None = None, **engine_kwargs):
+    def __init__(self, model: str | os.PathLike | None = None, proposer: ProposerFactory | None = None,
+                 **engine_kwargs):
+        """`proposer`: with spec="oracle" only, the factory of a proposer the caller brings (the
+        bench's oracle, engine/bench/oracle.py); engine_kwargs: EngineConfig's fields."""
         if model is None:
             raise ModelLoadError("LLM() needs model=<a Hugging Face-format folder> (the fixture target is "
                                  "fixtures.TARGET_DIR; the specgate command and the test fixtures pass it)")
@@ -67,7 +60,7 @@ class LLM:
             raise SpecgateError("device='cuda' was asked for, but no CUDA device is available")
         self.policy = runner_policy(self.config.spec, self.config.async_runner)
         self.model = load_model(model_dir, self.config.device, self.config.torch_dtype)
-        self.runner = ModelRunner(self.config, self.model, self._make_proposer())
+        self.runner = ModelRunner(self.config, self.model, self._make_proposer(proposer))
         self.runner.capture_graphs()  # the graph arm on CUDA: every bucket, up front
         self.scheduler = Scheduler(self.config, self.policy)
         self.trace: list[StepTrace] | None = [] if self.config.trace else None
@@ -79,19 +72,27 @@ class LLM:
         self._next_id = 0
         self._in_flight: InFlight | None = None
         self._finished: list[Request] = []
+        self.clock = NullClock()  # the bench hands in its step clock here (engine/clock.py)
 
     @property
     def is_async(self) -> bool:
         return self.policy.is_async
 
-    def _make_proposer(self):
-        if self.config.spec == "ngram":
+    def _make_proposer(self, factory: ProposerFactory | None) -> Proposer:
+        spec = self.config.spec
+        if (spec == "oracle") != (factory is not None):
+            raise SpecgateError(
+                "spec='oracle' is for benchmarks only and needs proposer=<a factory>: the oracle replays the "
+                "target's own greedy continuation (LLM(..., spec='oracle', proposer=engine.bench.oracle."
+                "oracle_proposer(script)), built by `specgate bench --spec oracle`)" if factory is None else
+                f"a proposer factory was given with spec={spec!r}; it is used only with spec='oracle'")
+        if spec == "ngram":
             return NgramProposer(self.config.k)
-        if self.config.spec == "block":
+        if spec == "block":
             from engine.block_drafter import BlockProposer
             return BlockProposer.from_dir(self.config.drafter, self.model, self.config)
-        if self.config.spec == "oracle":
-            return make_oracle(self.config, self.model_dir, self.model_config.vocab_size)
+        if spec == "oracle":
+            return factory(self.config, self.model_dir, self.model_config.vocab_size)
         return NgramProposer(0)
 
     # ---- requests -----------------------------------------------------------------------------
@@ -130,8 +131,7 @@ class LLM:
                                f"one generated token")
         if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
             raise RequestError(f"arrival_step must be an integer >= 0, got {arrival_step!r}")
-        if isinstance(self.runner.proposer, OracleProposer):
-            self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
+        self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
         return token_ids
 
     def has_unfinished(self) -> bool:
@@ -144,28 +144,10 @@ class LLM:
         if self._in_flight and self.policy.drains_before_schedule(self.scheduler.running):
             self._complete(self._in_flight, blocking=True)  # such sampling needs the full history
             self._in_flight = None
-        clock = self.runner.step_phases  # a no-op unless the bench measures (engine/metrics.py)
-        clock.start()
+        self.clock.start()
         batch = self.scheduler.schedule()
-        if (self.scheduler.has_unfinished() and not (batch.requests or batch.preempted or self._in_flight)
-                and not self.scheduler.arrives_later(batch.step)):
-            # The scheduler is deterministic: the next step would see the same state and also
-            # schedule nothing, forever.
-            raise RuntimeError(f"engine stalled at step {batch.step}: {len(self.scheduler.running)} running and "
-                               f"{len(self.scheduler.waiting)} waiting requests, none schedulable (a scheduler bug)")
-        launched = None
-        if batch.requests:
-            plan = self.runner.plan_step(batch, self.policy, self.config.graph)
-            clock.mark("plan")
-            for req, prefill in zip(batch.requests, batch.is_prefill):
-                if prefill:
-                    req.needs_prefill = req.is_resumed = False
-                    if isinstance(self.runner.proposer, OracleProposer):  # its continuation, into its slot
-                        self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
-            span = clock.begin_gpu()
-            launched = InFlight(plan, self.runner.execute(plan), gpu_span=clock.end_gpu(span))
-            self._start_download(launched)
-            clock.launched()
+        self._check_progress(batch)
+        launched = self._launch(batch) if batch.requests else None
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
             self._complete(previous, blocking=launched is None)
@@ -174,77 +156,62 @@ class LLM:
             self._in_flight = None
         return self._finished
 
-    def _start_download(self, flight: InFlight) -> None:
-        """Committed ids go to the host on every step, whatever else the step did."""
-        out = flight.output
-        packed = StepResult.pack(out.sampled, out.num_accepted, out.num_draft)
-        if packed.is_cuda:
-            flight.host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            flight.event = torch.cuda.Event()
-            stream = self.runner.copy_stream
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                flight.host.copy_(packed, non_blocking=True)
-                flight.event.record(stream)
-            packed.record_stream(stream)
-        else:
-            flight.host = packed  # a CPU tensor is already where the host reads it
+    def _check_progress(self, batch: ScheduledBatch) -> None:
+        if (self.scheduler.has_unfinished() and not (batch.requests or batch.preempted or self._in_flight)
+                and not self.scheduler.arrives_later(batch.step)):
+            # The scheduler is deterministic: the next step would see the same state and also
+            # schedule nothing, forever.
+            raise RuntimeError(f"engine stalled at step {batch.step}: {len(self.scheduler.running)} running and "
+                               f"{len(self.scheduler.waiting)} waiting requests, none schedulable (a scheduler bug)")
+
+    def _launch(self, batch: ScheduledBatch) -> InFlight:
+        plan = self.runner.plan_step(batch, self.policy, self.config.graph)
+        self.clock.mark("plan")
+        for req, prefill in zip(batch.requests, batch.is_prefill):
+            if prefill:
+                req.start_prefill()
+                self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
+        flight = self.runner.launch(plan, self.clock)
+        self.clock.launched()
+        return flight
 
     def _complete(self, flight: InFlight, blocking: bool) -> None:
-        """Read a step's results (the one place the host waits on the device) and apply them."""
+        """Read a step's results and apply them."""
         self.host_reads["blocking" if blocking else "deferred"] += 1
-        started = self.runner.step_phases.now()
-        with self.runner.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
-            if flight.event is not None:
-                flight.event.synchronize()
-            results = StepResult.unpack(flight.host.tolist())
-        waited = self.runner.step_phases.now()
+        started = self.clock.now()
+        results = self.runner.read(flight, blocking)
+        waited = self.clock.now()
         if self.trace is not None:
-            self.trace.append(trace_step(flight.plan, flight.output, results, self.policy.route))
-        self._fail_requests_with_errors(flight.plan)
-        plan = flight.plan
+            self.trace.append(trace_step(flight.plan, flight.traced, results, self.policy.route))
+        self._apply(flight.plan, results)
+        self.clock.add_completion(started, waited, flight.gpu_span)
+
+    def _apply(self, plan: StepPlan, results: list[StepResult]) -> None:
+        """The one place a step's results reach its requests: counters, tokens, finish reasons.
+        A request whose step failed on the host (req.error) ends alone, emitting nothing from that
+        step; the others in the batch go on."""
+        for req in plan.requests:
+            if req.error is not None and not req.is_finished:
+                self._finish(req, "error", plan.step)
         for row, result in zip(plan.real_rows, results):
             req = row.request
             if req.is_finished:
                 continue  # the device ran past this request's end; nothing more is emitted
             if row.is_prefill:
-                req.stats.num_prefills += 1
+                req.record_prefill()
             elif row.spec_width > 0:
-                self._count_verify(req, result.num_draft, result.num_accepted)
+                req.record_verify(result.num_draft, result.num_accepted)
             produced = result.emitted
             for i, token in enumerate(produced):
-                req.output_token_ids.append(token)
-                if req.first_token_step is None:
-                    req.first_token_step = plan.step
+                req.append_output(token, plan.step)
                 reason = self._finish_reason(req, token)
                 if reason:
-                    req.stats.num_truncated += len(produced) - i - 1
-                    req.finish_step = plan.step
-                    self.scheduler.finish(req, reason)
-                    self._finished.append(req)
+                    self._finish(req, reason, plan.step, num_truncated=len(produced) - i - 1)
                     break
-        self.runner.step_phases.add_completion(started, waited, flight.gpu_span)
 
-    def _fail_requests_with_errors(self, plan: StepPlan) -> None:
-        """A request whose step failed on the host (req.error) ends alone, emitting nothing from
-        that step; the others in the batch go on."""
-        for req in plan.requests:
-            if req.error is not None and not req.is_finished:
-                req.finish_step = plan.step
-                self.scheduler.finish(req, "error")
-                self._finished.append(req)
-
-    @staticmethod
-    def _count_verify(req: Request, num_draft: int, num_accepted: int) -> None:
-        s = req.stats
-        s.verify_steps += 1
-        if num_draft:
-            s.num_drafts += 1
-            s.num_draft_tokens += num_draft
-            s.num_accepted_tokens += num_accepted
-            s.accepted_per_position += [0] * (num_draft - len(s.accepted_per_position))
-            for j in range(num_accepted):
-                s.accepted_per_position[j] += 1
+    def _finish(self, req: Request, reason: str, step: int, num_truncated: int = 0) -> None:
+        self.scheduler.finish(req, reason, step, num_truncated)
+        self._finished.append(req)
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p = req.params

@@ -1,9 +1,8 @@
 """Load and save Hugging Face-format checkpoint folders: config.json and model.safetensors, or
 shards listed by model.safetensors.index.json."""
+import hashlib
 import json
 import os
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +11,6 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import DTYPES, ModelConfig
 from engine.errors import ModelLoadError
-from engine.load_cost import rusage_peak_mib
 from engine.model import LlamaForCausalLM
 
 WEIGHTS_FILE = "model.safetensors"
@@ -126,38 +124,6 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
     return model.eval()
 
 
-@dataclass(frozen=True)
-class LoadMeasurement:
-    """What one load_model cost. The peaks are the process's resident high-water marks (getrusage),
-    so only a fresh process (`specgate bench --measure-load`) shows the load's own peak."""
-    seconds: float
-    weights_mib: float                  # bytes of the loaded parameters
-    peak_rss_mib_before: float          # the process's high-water mark before the load
-    peak_rss_mib: float                 # ... after it
-    device_peak_mib: float | None       # CUDA: torch.cuda.max_memory_allocated during the load
-
-    def as_dict(self) -> dict:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
-                 dtype: torch.dtype | None = None) -> tuple[LoadMeasurement, torch.nn.Module]:
-    """Load time and peak host memory of load_model (issue 17's load numbers for README), and the
-    model it loaded."""
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    before = rusage_peak_mib()
-    t0 = time.perf_counter()
-    model = load_model(model_dir, device, dtype)
-    if cuda:
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
-    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    device_peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
-    return LoadMeasurement(seconds, weights, before, rusage_peak_mib(), device_peak), model
-
-
 def save_model(model: torch.nn.Module, config: dict, model_dir: str | os.PathLike) -> None:
     """Write config.json and model.safetensors; tied weights are stored once."""
     out = Path(model_dir)
@@ -167,3 +133,27 @@ def save_model(model: torch.nn.Module, config: dict, model_dir: str | os.PathLik
         state.pop("lm_head.weight", None)
     save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# ---- identity: checksums of what a folder holds, for reports and the drafter's target check ----
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, hashlib.sha256).hexdigest()
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """sha256 of model.safetensors; for a sharded folder, of the index and every shard's sha256."""
+    model_dir = Path(model_dir)
+    if (model_dir / WEIGHTS_FILE).is_file() or not (model_dir / INDEX_FILE).is_file():
+        return file_sha256(model_dir / WEIGHTS_FILE)
+    h = hashlib.sha256((model_dir / INDEX_FILE).read_bytes())
+    for shard in sorted(model_dir.glob("model-*-of-*.safetensors")):
+        h.update(f"{shard.name}:{file_sha256(shard)}".encode())
+    return h.hexdigest()
+
+
+def model_checksums(target_dir, drafter_dir=None) -> dict:
+    out = {"target": weights_sha256(target_dir)}
+    if drafter_dir:
+        out["drafter"] = file_sha256(Path(drafter_dir) / WEIGHTS_FILE)
+    return out

@@ -1,9 +1,13 @@
 """Draft proposers. Each writes k drafts per request into device buffers; nothing goes to the host.
 
-Interface: `observe(...)` sees the target's forward of a step (the block drafter keeps the
-target's hidden states as its context); `propose(...)` returns drafts [R, k], num_draft [R]
-(real drafts first, padding after) and q [R, k, V] or None when q is one-hot.
+Interface (`Proposer`): `observe(...)` sees the target's forward of a step (the block drafter
+keeps the target's hidden states as its context); `propose(...)` returns drafts [R, k], num_draft
+[R] (real drafts first, padding after) and q [R, k, V] or None when q is one-hot. Two host hooks,
+no-ops unless a proposer needs them (as vLLM's proposers have hooks): `check_request` when a
+request is added, `admit` when it is (re)admitted into a state slot. The bench's oracle
+(engine/bench/oracle.py) enters through them, handed to the LLM as a `ProposerFactory`.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,21 +25,42 @@ class ProposeInput:
     block_tables: torch.Tensor    # [R, blocks]
 
 
-class NgramProposer:
+class Proposer:
+    """What the runner and the LLM call on a drafter; the hooks default to doing nothing."""
+
+    aux_layers: tuple[int, ...] = ()  # target layers whose outputs `observe` receives
+    has_q: bool = False               # drafts sampled from q: verify needs q itself, not a one-hot
+    pure_propose: bool = False        # a function of its input alone: compile=True compiles it
+
+    def check_request(self, prompt: list[int], max_tokens: int, temperature: float) -> None:
+        """Refuse (RequestError) a request this proposer cannot draft for; called when it is added."""
+
+    def admit(self, slot: int, prompt: list[int], rng_key: int) -> None:
+        """A request (re)enters state slot `slot` and is prefilled by the step being planned."""
+
+    def observe(self, *args, **kwargs) -> None:
+        """The target's forward of this step (aux layer outputs, metadata, positions, slots)."""
+
+    def propose(self, inp: ProposeInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+
+# Builds the proposer of an LLM handed one (LLM(..., spec="oracle", proposer=factory)):
+# (engine config, model folder, vocabulary size) -> Proposer.
+ProposerFactory = Callable[..., Proposer]
+
+
+class NgramProposer(Proposer):
     """Prompt lookup: find the earliest occurrence of the request's last n tokens (n from max_n
     down to min_n) and propose the k tokens that followed it. The earliest match has the most
     committed continuation; the most recent one, in a repeating run, has a single token."""
 
-    aux_layers: tuple[int, ...] = ()
-    pure_propose = True  # a function of its input alone: compile=True compiles it (~85 small ops a step)
+    pure_propose = True  # ~85 small ops a step, compiled with the forward
 
     def __init__(self, k: int, min_n: int = 1, max_n: int = 3):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.k, self.min_n, self.max_n = k, min_n, max_n
-
-    def observe(self, *args, **kwargs) -> None:
-        pass
 
     def propose(self, inp: ProposeInput) -> tuple[torch.Tensor, torch.Tensor, None]:
         tokens, committed = inp.token_ids, inp.num_committed

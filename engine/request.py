@@ -1,4 +1,7 @@
-"""One request's host-side state. Plain Python: no torch, so scheduling is testable alone."""
+"""One request's host-side state. Plain Python: no torch, so scheduling is testable alone.
+
+Two places write it: the scheduler (admission, preemption, finish: status, slot, blocks) and the
+methods below (what a step did for it: its tokens and counters). Everything else reads it."""
 import enum
 from dataclasses import dataclass, field
 
@@ -13,7 +16,7 @@ class Status(enum.Enum):
 
 @dataclass
 class RequestStats:
-    """Per-request acceptance counters, in the units vLLM and SGLang use (see engine/metrics.py)."""
+    """Per-request acceptance counters, in the units vLLM and SGLang use (see engine/bench/metrics.py)."""
     num_drafts: int = 0            # verify steps that carried at least one draft token
     num_draft_tokens: int = 0      # real (unpadded) draft tokens verified
     num_accepted_tokens: int = 0
@@ -58,3 +61,33 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    # ---- what a step did for the request (LLM applies each step's results through these) ----
+    def start_prefill(self) -> None:
+        """Planned into a prefill step: after it the device holds the request's history."""
+        self.needs_prefill = self.is_resumed = False
+
+    def record_prefill(self) -> None:
+        self.stats.num_prefills += 1
+
+    def record_verify(self, num_draft: int, num_accepted: int) -> None:
+        s = self.stats
+        s.verify_steps += 1
+        if num_draft:
+            s.num_drafts += 1
+            s.num_draft_tokens += num_draft
+            s.num_accepted_tokens += num_accepted
+            s.accepted_per_position += [0] * (num_draft - len(s.accepted_per_position))
+            for j in range(num_accepted):
+                s.accepted_per_position[j] += 1
+
+    def append_output(self, token: int, step: int) -> None:
+        self.output_token_ids.append(token)
+        if self.first_token_step is None:
+            self.first_token_step = step
+
+    def fail(self, error: str) -> None:
+        """Something of the request's own failed at run time (a logits processor): it ends alone
+        with finish reason "error" when its step's results are read."""
+        if self.error is None:
+            self.error = error

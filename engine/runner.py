@@ -1,7 +1,9 @@
 """The model runner: turns a scheduled batch into device inputs, runs the target, verifies and
-proposes, all on the device. One step reads top to bottom:
+proposes, all on the device, and brings the results back. One step reads top to bottom:
 
-    plan (host) -> combine inputs -> forward -> gather logits -> verify -> commit -> propose
+    plan (host) -> launch: upload -> combine inputs -> forward -> gather logits -> verify
+                   -> commit -> propose -> results download queued
+                -> read: wait for the download, unpack the results
 
 Planning (host) lives in engine/step_plan.py. On the device, the sync and async runners differ
 in one place only: which rows are *device-fed*, i.e. take their last committed token,
@@ -10,8 +12,7 @@ from the host; the runner policy (engine/policy.py) decides that when the step i
 Drafts never leave the device.
 """
 import gc
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,25 +20,30 @@ from engine.attention import build_attention_metadata, flex_kernels
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
 from engine.fused import FusedForward, compiled, compiled_kernels
+from engine.logits import gather_logits
 from engine.host_sync import DeclaredSyncs
-from engine.metrics import NoPhases
+from engine.clock import NullClock
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
-from engine.proposers import ProposeInput
+from engine.proposers import ProposeInput, Proposer
 from engine.sampling import SamplingTensors, guarded_processors
 from engine.scheduler import ScheduledBatch
 from engine.staging import InputStaging
+from engine.step_io import StepInputs, StepOutputs
 from engine.step_plan import StepPlan, StepPlanner
+from engine.step_result import StepResult
 from engine.tokenizer import PAD_ID
 from engine.verify import verify
 
 
 @dataclass
-class StepOutput:
-    sampled: torch.Tensor           # [R, k+1] accepted drafts, then correction/bonus; -1 after
-    num_accepted: torch.Tensor      # [R]
-    num_draft: torch.Tensor         # [R] real drafts verified this step
-    inputs: dict = field(default_factory=dict)  # device inputs, kept for the trace
+class InFlight:
+    """A launched step: its plan, its results on their way to the host, and (trace) its outputs."""
+    plan: StepPlan
+    host: torch.Tensor                     # the packed results (engine/step_result.py), pinned on CUDA
+    event: "torch.cuda.Event | None"       # CUDA: recorded when the results copy is done
+    traced: StepOutputs | None = None      # a copy of what the step fed and gathered (trace=True)
+    gpu_span: tuple | None = None          # the clock's timing events around the device work (bench, CUDA)
 
 
 class DeviceState:
@@ -53,14 +59,14 @@ class DeviceState:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer):
+    def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer: Proposer):
         self.model = model
         # The forward the step runs: the reference modules, or the same arithmetic fused and compiled;
         # with it, the step's other pure pieces compiled too (the sampler's hashing alone is ~150 ops).
         self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
         self.verify = compiled(verify) if cfg.compile else verify
         self.gather_logits = compiled(gather_logits) if cfg.compile else gather_logits
-        self.propose = (compiled(proposer.propose) if cfg.compile and getattr(proposer, "pure_propose", False)
+        self.propose = (compiled(proposer.propose) if cfg.compile and proposer.pure_propose
                         else proposer.propose)
         self.build_metadata = (compiled(build_attention_metadata) if cfg.compile and cfg.attention_backend == "sdpa"
                                else build_attention_metadata)
@@ -74,7 +80,7 @@ class ModelRunner:
                                       dtype=cfg.torch_dtype, device=cfg.device)
                           for _ in range(mc.num_hidden_layers)]
         self.state = DeviceState(cfg.max_num_seqs + 1, cfg.blocks_per_seq * cfg.block_size + self.k + 1,
-                                 self.k, mc.vocab_size, getattr(proposer, "has_q", False), cfg.device)
+                                 self.k, mc.vocab_size, proposer.has_q, cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch bucket, context bucket) -> graph
@@ -89,57 +95,83 @@ class ModelRunner:
         self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
-        self.step_phases = NoPhases()  # the bench sets a metrics.StepPhases: host time per step by phase
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
 
-    # ---- device: run the step ----------------------------------------------------------------
+    # ---- launch a step, read its results -------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepOutput:
+    def launch(self, plan: StepPlan, clock=NullClock()) -> InFlight:
+        """Queue the step's device work and the download of its results; returns without waiting."""
+        span = clock.begin_gpu()
         if plan.arm == "graph" and self.is_cuda:
-            out = self._replay(plan)
+            out = self._replay(plan, clock)
         else:
             processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
-            out = self.device_step(self._upload(plan), step_sizes(plan), processors, graph=plan.arm == "graph")
-        real = len(plan.requests)
-        # The trace reads these a step late (async runner), after a replay has overwritten them.
-        traced = {name: out[name].clone() for name in TRACED_INPUTS} if self.trace else {}
-        return StepOutput(out["sampled"][:real], out["num_accepted"][:real], out["num_draft"][:real], traced)
+            out = self.device_step(self._upload(plan, clock), step_sizes(plan), processors,
+                                   graph=plan.arm == "graph")
+        span = clock.end_gpu(span)
+        host, event = self._start_download(out.packed_results(len(plan.requests)))
+        # The trace reads the step a step late (async runner), after a replay has overwritten it.
+        return InFlight(plan, host, event, out.clone() if self.trace else None, span)
 
-    def _upload(self, plan: StepPlan) -> dict[str, torch.Tensor]:
+    def _start_download(self, packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        """Committed ids go to the host on every step, whatever else the step did: on CUDA into
+        pinned memory on the copy stream, ordered after the step, with an event to wait on."""
+        if not packed.is_cuda:
+            return packed, None  # a CPU tensor is already where the host reads it
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        event = torch.cuda.Event()
+        self.copy_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.copy_stream):
+            host.copy_(packed, non_blocking=True)
+            event.record(self.copy_stream)
+        packed.record_stream(self.copy_stream)
+        return host, event
+
+    def read(self, flight: InFlight, blocking: bool) -> list[StepResult]:
+        """Wait for a launched step's results (the one place the host waits on the device) and
+        unpack them. `blocking`: nothing is queued behind this step, so the device idles meanwhile."""
+        with self.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
+            if flight.event is not None:
+                flight.event.synchronize()
+            return StepResult.unpack(flight.host.tolist())
+
+    # ---- device: run the step ----------------------------------------------------------------
+    def _upload(self, plan: StepPlan, clock=NullClock()) -> StepInputs[torch.Tensor]:
         """The plan's columns, staged and copied to the device in one copy per dtype."""
         rows = plan.rows
         params = [row.request.params if row.request else None for row in rows]  # None: padding, greedy
-        columns = dict(slots=[r.slot for r in rows], query_lens=[r.query_len for r in rows],
-                       spec_width=[r.spec_width for r in rows], num_logits=[r.num_logits for r in rows],
-                       device_fed=[r.device_fed for r in rows], is_prefill=[r.is_prefill for r in rows],
-                       host_token_ids=[t for r in rows for t in r.token_ids],
-                       host_positions=[p for r in rows for p in r.positions],
-                       host_seq_lens=[r.seq_len for r in rows], block_tables=[r.block_table for r in rows],
-                       temperature=[p.temperature if p else 0.0 for p in params],
-                       top_k=[p.top_k if p else -1 for p in params],
-                       top_p=[p.top_p if p else 1.0 for p in params],
-                       keys=[r.request.rng_key if r.request else 0 for r in rows])
-        inputs = self.staging.upload(columns, len(rows), len(columns["host_token_ids"]))
-        self.step_phases.mark("upload")  # the bench's phase clock (engine/metrics.py); a no-op otherwise
+        columns = StepInputs(slots=[r.slot for r in rows], query_lens=[r.query_len for r in rows],
+                             spec_width=[r.spec_width for r in rows], num_logits=[r.num_logits for r in rows],
+                             device_fed=[r.device_fed for r in rows], is_prefill=[r.is_prefill for r in rows],
+                             host_seq_lens=[r.seq_len for r in rows],
+                             top_k=[p.top_k if p else -1 for p in params],
+                             keys=[r.request.rng_key if r.request else 0 for r in rows],
+                             host_token_ids=[t for r in rows for t in r.token_ids],
+                             host_positions=[p for r in rows for p in r.positions],
+                             block_tables=[r.block_table for r in rows],
+                             temperature=[p.temperature if p else 0.0 for p in params],
+                             top_p=[p.top_p if p else 1.0 for p in params])
+        inputs = self.staging.upload(columns, len(rows), len(columns.host_token_ids))
+        clock.mark("upload")
         return inputs
 
-    def device_step(self, inp: dict[str, torch.Tensor], sizes: tuple[int, int, int, int],
-                    processors=(), graph: bool = False) -> dict[str, torch.Tensor]:
+    def device_step(self, inp: StepInputs[torch.Tensor], sizes: tuple[int, int, int, int],
+                    processors=(), graph: bool = False) -> StepOutputs:
         """The whole step on the device, no host reads: capturable as one CUDA graph (`graph`:
         this step is a graph bucket's, its shapes fixed)."""
         max_query_len, max_context_len, num_tokens, total_logits = sizes
         state, k, dev = self.state, self.k, self.device
-        slots, spec_width = inp["slots"], inp["spec_width"]
+        slots, spec_width = inp.slots, inp.spec_width
         num_reqs = slots.numel()
-        query_start_loc = torch.nn.functional.pad(inp["query_lens"].cumsum(0), (1, 0))
-        is_verify = inp["is_prefill"] == 0  # flags are staged as int64 (engine/staging.py)
-        device_fed = inp["device_fed"] != 0
+        query_start_loc = torch.nn.functional.pad(inp.query_lens.cumsum(0), (1, 0))
+        is_verify = inp.is_prefill == 0  # flags are staged as int64 (engine/staging.py)
+        device_fed = inp.device_fed != 0
 
         # Combine: device-fed rows take ids and positions from the state the last step wrote;
         # every verify row takes its drafts from the draft buffer the last propose wrote.
-        query_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), inp["query_lens"],
+        query_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), inp.query_lens,
                                             output_size=num_tokens)
         offset = torch.arange(num_tokens, device=dev) - query_start_loc[query_req]
         token_slot = slots[query_req]
@@ -152,26 +184,25 @@ class ModelRunner:
             device_ids = last_token
         fed_token = device_fed[query_req]
         takes_draft = is_verify[query_req] & (offset >= 1)
-        input_ids = torch.where(fed_token | takes_draft, device_ids, inp["host_token_ids"])
-        positions = torch.where(fed_token, committed - 1 + offset, inp["host_positions"])
-        seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp["host_seq_lens"])
+        input_ids = torch.where(fed_token | takes_draft, device_ids, inp.host_token_ids)
+        positions = torch.where(fed_token, committed - 1 + offset, inp.host_positions)
+        seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp.host_seq_lens)
 
         flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
-        meta = self.build_metadata(positions, query_start_loc, seq_lens, inp["block_tables"],
+        meta = self.build_metadata(positions, query_start_loc, seq_lens, inp.block_tables,
                                    self.block_size, max_query_len, max_context_len, flex,
                                    self.kv_caches[0].shape[1])
         hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
         width = k + 1
-        logits, logits_indices, cu_num_logits = self.gather_logits(hidden, query_start_loc, inp["num_logits"],
+        logits, logits_indices, cu_num_logits = self.gather_logits(hidden, query_start_loc, inp.num_logits,
                                                                    total_logits, width, self.model.compute_logits)
         for r, req in processors:  # host callables, only for requests that asked (eager arm)
             for proc in guarded_processors(req):  # one that raises fails its request alone
                 logits[r, 0] = proc(list(req.output_token_ids), logits[r, 0])
 
-        sampling = SamplingTensors(temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
-                                   keys=inp["keys"])
+        sampling = SamplingTensors(temperature=inp.temperature, top_k=inp.top_k, top_p=inp.top_p, keys=inp.keys)
         num_draft = torch.where(is_verify, torch.minimum(state.num_draft[slots], spec_width), 0)
         drafts = state.draft_token_ids[slots]
         draft_probs = state.draft_probs[slots] if state.draft_probs is not None else None
@@ -189,27 +220,27 @@ class ModelRunner:
         if k:
             self.proposer.observe(aux, meta, positions, token_slot)
             new_drafts, new_num_draft, q = self.propose(ProposeInput(
-                state.token_ids[slots], state.num_committed[slots], sampling, slots, inp["block_tables"]))
+                state.token_ids[slots], state.num_committed[slots], sampling, slots, inp.block_tables))
             state.draft_token_ids[slots] = new_drafts
             state.num_draft[slots] = torch.where(spec_width > 0, new_num_draft, 0)
             if q is not None:
                 state.draft_probs[slots] = q
 
-        return dict(sampled=sampled, num_accepted=num_accepted, num_draft=num_draft, input_ids=input_ids,
-                    positions=positions, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                    cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
+        return StepOutputs(sampled=sampled, num_accepted=num_accepted, num_draft=num_draft, input_ids=input_ids,
+                           positions=positions, seq_lens=seq_lens, query_start_loc=query_start_loc,
+                           cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
 
-    def _replay(self, plan: StepPlan) -> dict[str, torch.Tensor]:
+    def _replay(self, plan: StepPlan, clock=NullClock()) -> StepOutputs:
         """CUDA: a graph's inputs are the staging buffer's device views for its bucket, so the
         upload is all the input copying a replay needs. Its outputs are returned without a
-        clone: the host packs the results for download right after the step is queued
-        (LLM._start_download), stream-ordered before the next replay overwrites them."""
+        clone: `launch` packs the results for download right after the step is queued,
+        stream-ordered before the next replay overwrites them."""
         key = (plan.num_rows, plan.max_context_len)
         if key not in self.graphs:
             raise RuntimeError(f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up")
         graph, static_in, static_out = self.graphs[key]
-        inputs = self._upload(plan)
-        if inputs["slots"].data_ptr() != static_in["slots"].data_ptr():
+        inputs = self._upload(plan, clock)
+        if inputs.slots.data_ptr() != static_in.slots.data_ptr():
             raise RuntimeError(f"graph {key}: the staged inputs moved since capture")
         graph.replay()
         self.num_graph_replays += 1
@@ -253,39 +284,8 @@ class ModelRunner:
         self.graphs[key] = (graph, static_in, static_out)
 
 
-TRACED_INPUTS = ("input_ids", "positions", "seq_lens", "query_start_loc", "cu_num_logits",
-                 "logits_indices", "draft_token_ids")
-
-
 def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:
     """The host-known sizes a step's device work is shaped by: (max query length, context
     length, tokens, logits). A graph bucket fixes all four."""
     query_lens = [row.query_len for row in plan.rows]
     return max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows)
-
-
-def gather_logits(hidden: torch.Tensor, query_start_loc: torch.Tensor, num_logits: torch.Tensor, total_logits: int,
-                  width: int, compute_logits: Callable[[torch.Tensor], torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits only at logits_indices, derived from the real cu_num_logits: [R, width, V], row r's
-    window first and zeros after it. Returns (logits, logits_indices, cu_num_logits)."""
-    cu_num_logits = torch.nn.functional.pad(num_logits.cumsum(0), (1, 0))
-    logits_indices, row, offset = build_logits_indices(query_start_loc, cu_num_logits, total_logits)
-    window = compute_logits(hidden[logits_indices])
-    logits = window.new_zeros(num_logits.numel(), width, window.shape[-1])
-    logits[row, offset] = window
-    return logits, logits_indices, cu_num_logits
-
-
-def build_logits_indices(query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,
-                         total_logits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row r's logits window is the last num_logits[r] tokens of its query: for a verify row
-    (query = last committed token + k drafts) that starts at its query start; for a prefill
-    row it is the last prompt token. Returns (logits_indices, row, offset in window)."""
-    num_logits = cu_num_logits[1:] - cu_num_logits[:-1]
-    num_reqs = num_logits.numel()
-    row = torch.repeat_interleave(torch.arange(num_reqs, device=num_logits.device), num_logits,
-                                  output_size=total_logits)
-    offset = torch.arange(total_logits, device=num_logits.device) - cu_num_logits[row]
-    window_start = query_start_loc[1:] - num_logits
-    return window_start[row] + offset, row, offset

@@ -152,7 +152,7 @@ def _splitmix64(x: int) -> int:
 
 def guarded_processors(req) -> list[LogitsProcessor]:
     """The request's logits processors, each wrapped so that one which raises, or returns something
-    other than a logits row of the same shape, fails this request alone: it records `req.error`
+    other than a logits row of the same shape, fails this request alone: it records the error (`req.fail`)
     and leaves the row as it was, and the engine drops the request's result for the step."""
     def guard(proc: LogitsProcessor) -> LogitsProcessor:
         def run(output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
@@ -165,7 +165,7 @@ def guarded_processors(req) -> list[LogitsProcessor]:
                                     f"not a logits row of shape {tuple(row.shape)}")
                 return out
             except Exception as e:  # noqa: BLE001 - any failure of user code fails its request only
-                req.error = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {type(e).__name__}: {e}"
+                req.fail(f"logits processor {getattr(proc, '__name__', proc)!r} failed: {type(e).__name__}: {e}")
                 return row
         return run
     return [guard(p) for p in req.params.logits_processors]

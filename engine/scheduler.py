@@ -64,14 +64,14 @@ class Scheduler:
         while queue:
             req = queue.pop(0)
             need = req.num_tokens + self.lookahead
-            while not self.block_manager.can_reserve(req, need):
+            while not self.block_manager.can_reserve(len(req.block_ids), need):
                 victim = queue.pop() if queue else req
                 self.preempt(victim)
                 batch.preempted.append(victim)
                 if victim is req:
                     break
             else:
-                self.block_manager.reserve(req, need)
+                req.block_ids += self.block_manager.reserve(len(req.block_ids), need)
                 kept.append(req)
                 if self.query_len(req) <= budget:  # else it stays running and waits a step
                     budget -= self.query_len(req)
@@ -84,10 +84,10 @@ class Scheduler:
             need = req.num_tokens + self.lookahead
             if (req.arrival_step > batch.step or req in batch.preempted
                     or self.query_len(req) > budget
-                    or not self.block_manager.can_reserve(req, need)):
+                    or not self.block_manager.can_reserve(len(req.block_ids), need)):
                 break
             self.waiting.popleft()
-            self.block_manager.reserve(req, need)
+            req.block_ids += self.block_manager.reserve(len(req.block_ids), need)
             req.slot = self.free_slots.pop()
             req.status = Status.RUNNING
             req.needs_prefill = True
@@ -99,7 +99,8 @@ class Scheduler:
         return batch
 
     def preempt(self, req: Request) -> None:
-        self.block_manager.free(req)
+        self.block_manager.free(req.block_ids)
+        req.block_ids = []
         self.free_slots.append(req.slot)
         req.slot = None
         req.status = Status.WAITING
@@ -108,17 +109,21 @@ class Scheduler:
         req.stats.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def finish(self, req: Request, reason: str) -> None:
-        """Release the request's blocks and slot. Work already queued on the device for them
-        runs before any later step that reuses them (one stream), so release is immediate."""
+    def finish(self, req: Request, reason: str, step: int | None = None, num_truncated: int = 0) -> None:
+        """End the request at `step` (`num_truncated`: tokens its last step produced past the end)
+        and release its blocks and slot. Work already queued on the device for them runs before
+        any later step that reuses them (one stream), so release is immediate."""
         req.status = Status.FINISHED
         req.finish_reason = reason
+        req.finish_step = step
+        req.stats.num_truncated += num_truncated
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
         if req.block_ids:
-            self.block_manager.free(req)
+            self.block_manager.free(req.block_ids)
+            req.block_ids = []
         if req.slot is not None:
             self.free_slots.append(req.slot)
             req.slot = None

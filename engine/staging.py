@@ -12,11 +12,11 @@ last copy. On the CPU the host buffer is the device buffer.
 import torch
 
 from engine.host_sync import DeclaredSyncs
+from engine.step_io import FLOAT, ROW, TOKEN, StepInputs, input_fields
 
-ROW_FIELDS = ("slots", "query_lens", "spec_width", "num_logits", "device_fed", "is_prefill",
-              "host_seq_lens", "top_k", "keys")
-TOKEN_FIELDS = ("host_token_ids", "host_positions")
-FLOAT_FIELDS = ("temperature", "top_p")
+ROW_FIELDS = input_fields(ROW)
+TOKEN_FIELDS = input_fields(TOKEN)
+FLOAT_FIELDS = input_fields(FLOAT)
 RING = 2  # the async runner reads a step's results before it plans the step after next
 
 
@@ -41,9 +41,9 @@ class InputStaging:
                        if self.is_cuda else self.host[0])
         self.turn = 0
 
-    def upload(self, columns: dict[str, list], num_rows: int, num_tokens: int) -> dict[str, torch.Tensor]:
-        """columns: every field of ROW_FIELDS, TOKEN_FIELDS and FLOAT_FIELDS as a flat list, and
-        block_tables as num_rows lists of table_width. Returns the device views, by name."""
+    def upload(self, columns: StepInputs[list], num_rows: int, num_tokens: int) -> StepInputs[torch.Tensor]:
+        """columns: every field as a flat list, block_tables as num_rows lists of table_width.
+        Returns the device views."""
         if num_rows > self.max_rows or num_tokens > self.max_tokens:
             raise RuntimeError(f"a step of {num_rows} rows and {num_tokens} tokens exceeds the staging "
                                f"buffers ({self.max_rows} rows, {self.max_tokens} tokens)")
@@ -56,7 +56,8 @@ class InputStaging:
         int_slices, float_slices = self.layout(num_rows, num_tokens)
         for array, slices in zip(self.host_arrays[slot], (int_slices, float_slices)):
             for name, part in slices.items():
-                array[part] = columns[name] if name != "block_tables" else [t for row in columns[name] for t in row]
+                column = getattr(columns, name)
+                array[part] = column if name != "block_tables" else [t for row in column for t in row]
         target_int, target_float = self.device
         if self.is_cuda:
             ints, floats = int_slices["block_tables"].stop, float_slices[FLOAT_FIELDS[-1]].stop
@@ -66,7 +67,7 @@ class InputStaging:
             self.copied[slot].record()
         views = {name: target_int[part] for name, part in int_slices.items()}
         views["block_tables"] = views["block_tables"].view(num_rows, self.table_width)
-        return views | {name: target_float[part] for name, part in float_slices.items()}
+        return StepInputs(**views, **{name: target_float[part] for name, part in float_slices.items()})
 
     def layout(self, num_rows: int, num_tokens: int) -> tuple[dict[str, slice], dict[str, slice]]:
         """Where each field of a step of num_rows rows and num_tokens tokens lies in the int64

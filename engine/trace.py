@@ -5,7 +5,7 @@ read this trace.
 """
 from dataclasses import dataclass, field
 
-from engine.runner import StepOutput
+from engine.step_io import StepOutputs
 from engine.step_plan import StepPlan
 from engine.step_result import StepResult
 
@@ -43,18 +43,19 @@ class StepTrace:
         return len(self.requests)
 
 
-def trace_step(plan: StepPlan, out: StepOutput, results: list[StepResult], route: str) -> StepTrace:
+def trace_step(plan: StepPlan, out: StepOutputs, results: list[StepResult], route: str) -> StepTrace:
     """route: the runner policy's label ("sync" or "async"); the plan adds its arm."""
-    host = {name: t.tolist() for name, t in out.inputs.items()}
+    qsl, cu = out.query_start_loc.tolist(), out.cu_num_logits.tolist()
+    input_ids, positions, seq_lens = out.input_ids.tolist(), out.positions.tolist(), out.seq_lens.tolist()
+    logits_indices, drafts = out.logits_indices.tolist(), out.draft_token_ids.tolist()
     real = plan.real_rows
     record = StepTrace(plan.step, f"{route}/{plan.arm}", plan.num_rows - len(real))
-    qsl, cu = host["query_start_loc"], host["cu_num_logits"]
     for r, (row, result) in enumerate(zip(real, results)):
         record.requests.append(RequestTrace(
             request_id=row.request.request_id, is_prefill=row.is_prefill, device_fed=row.device_fed,
-            refusal=row.refusal, input_ids=host["input_ids"][qsl[r]:qsl[r + 1]],
-            positions=host["positions"][qsl[r]:qsl[r + 1]], seq_len=host["seq_lens"][r],
-            logits_indices=host["logits_indices"][cu[r]:cu[r + 1]], query_start=qsl[r],
-            draft_token_ids=host["draft_token_ids"][r][:result.num_draft], num_draft=result.num_draft,
+            refusal=row.refusal, input_ids=input_ids[qsl[r]:qsl[r + 1]],
+            positions=positions[qsl[r]:qsl[r + 1]], seq_len=seq_lens[r],
+            logits_indices=logits_indices[cu[r]:cu[r + 1]], query_start=qsl[r],
+            draft_token_ids=drafts[r][:result.num_draft], num_draft=result.num_draft,
             num_accepted=result.num_accepted, sampled=result.emitted))
     return record

@@ -1,4 +1,4 @@
-"""Gate acceptance: the bench reports acceptance per leg (engine/bench.py run_leg) and folds it
+"""Gate acceptance: the bench reports acceptance per leg (engine/bench/legs.py run_leg) and folds it
 (fold); both must equal what the trace says the device did, in both oracle engines' units:
 
     vLLM:   drafts, draft tokens, accepted, per-position accepted; τ = 1 + accepted / drafts,
@@ -14,7 +14,7 @@ import functools
 
 import pytest
 
-from engine import bench
+from engine.bench import legs as bench
 from gates.bench_fold import report_difference
 from gates.compare import Difference
 from gates.invariants import real_records, width

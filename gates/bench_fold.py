@@ -1,9 +1,9 @@
 """The bench's folded figures recomputed from scratch, from the per-leg records alone.
 
-`specgate bench` reports every leg and two folds of them (engine/bench.py): `summary` (fold():
+`specgate bench` reports every leg and two folds of them (engine/bench/legs.py): `summary` (fold():
 per concurrency, tokens/s mean, min and max and the acceptance merged over the warm legs) and
 `figures` (what the plot draws and the JSON holds). Both are recomputed here from the report's
-`legs` with none of the bench's helpers (not fold, figures, is_warm, nor engine.metrics.Acceptance)
+`legs` with none of the bench's helpers (not fold, figures, is_warm, nor engine.bench.metrics.Acceptance)
 and compared field by field, exactly: the bench rounds, and the recomputation rounds the same
 sums the same way.
 
@@ -16,7 +16,7 @@ the legs or the fold is either checked or fails loudly, never skipped.
 """
 from gates.compare import Difference
 
-# A ratio of the folded sums, as vLLM and SGLang define it (engine/metrics.py's docstring).
+# A ratio of the folded sums, as vLLM and SGLang define it (engine/bench/metrics.py's docstring).
 RATIOS = {
     "mean_acceptance_length": lambda s: 1 + s["num_accepted_tokens"] / s["num_drafts"] if s["num_drafts"] else 1.0,
     "acceptance_rate": lambda s: s["num_accepted_tokens"] / s["num_draft_tokens"] if s["num_draft_tokens"] else 0.0,
@@ -24,7 +24,7 @@ RATIOS = {
 }
 RATIO_DIGITS, RATE_DIGITS = 4, 2
 FOLDED_RATES = ("tokens_per_s",)   # leg fields the fold reports as <field>_mean, _min and _max
-HOST_PHASES = ("plan", "upload", "launch", "completion")  # engine/metrics.py PHASES; the waiting part apart
+HOST_PHASES = ("plan", "upload", "launch", "completion")  # engine/bench/metrics.py PHASES; the waiting part apart
 
 
 class NoRecomputation(Exception):

@@ -99,16 +99,16 @@ def cmd_run(args) -> int:
                        + (("--dtype", args.dtype) if args.dtype else ())
                        + (("--gates-stop-at-red",) if args.stop_at_red else ()),
                        coverage_dir=args.coverage, jobs=args.jobs)
-    print(report.table(result["gates"]))
-    counts = result["summary"]
+    print(report.table(result.gates))
+    counts = result.summary
     print(f"{counts['green']} green, {counts['red']} red, {counts['skipped']} skipped, "
-          f"{counts['error']} error in {result['seconds']:.0f} s")
-    if "reach" in result:
+          f"{counts['error']} error in {result.seconds:.0f} s")
+    if result.reach is not None:
         from gates.reach import summary
         print(summary(result))
     for path in filter(None, (json_path, args.junit)):
         print(f"wrote {path}")
-    return result["exit_status"]
+    return result.exit_status
 
 
 def default_json(names: list[str]) -> str:
@@ -130,7 +130,7 @@ def cmd_verdict(args) -> int:
     for reason in v.reasons:
         print(f"  keep: {reason}")
     print(v.line)
-    return 1 if any(g["status"] in ("red", "error") for r in reports for g in r.get("gates", [])) else 0
+    return 1 if any(g.status in ("red", "error") for r in reports for g in r.gates) else 0
 
 
 def main(argv=None) -> int:

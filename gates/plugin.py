@@ -116,7 +116,7 @@ class GateSession:
         self.declared_claims: dict[str, tuple[str, ...]] = {}
         self.collect_errors: dict[str, str] = {}
         self.current_item = None
-        self.results: list[dict] = []
+        self.results: list[verdicts.GateResult] = []
         self._gate_by_path: dict[Path, Gate | None] = {}
         self._loose = _new_test("")  # a gate_record call from a test that belongs to no gate
         self._skipped_drafters: dict[str, str] | None = None
@@ -180,8 +180,8 @@ class GateSession:
         if reporter is not None:
             r = self.gate_result(gate)
             reporter.write("\n")  # after pytest's progress dots
-            reporter.write_line(f"specgate: gate {gate.name} {r['status']} ({r['num_cases']} cases, "
-                                f"{r['seconds']:.0f} s): {r['reason']}")
+            reporter.write_line(f"specgate: gate {gate.name} {r.status} ({r.num_cases} cases, "
+                                f"{r.seconds:.0f} s): {r.reason}")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -209,15 +209,15 @@ class GateSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         path = self.config.getoption("--gates-report")
         if path:
-            Path(path).write_text(json.dumps({"gates": self.results, "environment": environment(self.config)},
-                                             indent=2, default=str))
+            report = verdicts.GateReport(self.results, environment(self.config))
+            Path(path).write_text(json.dumps(report.to_json(), indent=2, default=str))
 
     def pytest_terminal_summary(self, terminalreporter):
         if self.results and not self.config.getoption("--gates-no-table"):
             terminalreporter.write_sep("=", "specgate gates")
             terminalreporter.write_line(verdicts.table(self.results))
 
-    def gate_result(self, gate: Gate) -> dict:
+    def gate_result(self, gate: Gate) -> verdicts.GateResult:
         tests = list(self.tests[gate.name].values())
         claims, seen = self.declared_claims.get(gate.name, ()), self.claims[gate.name]
         # A claim about a drafter the gates skip on this target (the drafter's name, or a claim
@@ -225,24 +225,22 @@ class GateSession:
         waived = {c: why for d, why in self.skipped_drafters().items() for c in claims
                   if c == d or c.startswith(f"{d} drafter ")} if tests else {}
         waived |= {c: proof for c, proof in self.unexercisable[gate.name].items() if c not in seen}
-        status, reason = verdicts.verdict(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
+        status, reason = verdicts.gate_status(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
                                           has_cuda(), waived)
         evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,
                      "differences": t["evidence"]}
                     for t in tests if t["outcome"] in (verdicts.FAILED, verdicts.ERROR)]
         if status in (verdicts.RED, verdicts.ERROR) and not evidence:
             evidence.append({"message": reason})
-        return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs, "module": str(gate.file),
-                "status": status, "reason": reason,
-                "num_cases": sum(len(t["cases"]) for t in tests),
-                "cases": [{"test": t["nodeid"].split("::", 1)[-1], **c} for t in tests for c in t["cases"]],
-                "evidence": evidence,
-                "measurements": [m for t in tests for m in t["measurements"]],
-                "claims": {c: c in seen for c in claims},
-                "waived_claims": waived,
-                "tests": [{"nodeid": t["nodeid"], "outcome": t["outcome"], "message": t["message"],
-                           "seconds": round(t["seconds"], 3), "cases": len(t["cases"])} for t in tests],
-                "seconds": round(sum(t["seconds"] for t in tests), 3)}
+        return verdicts.GateResult(
+            name=gate.name, purpose=gate.purpose, needs=gate.needs, module=str(gate.file), status=status, reason=reason,
+            num_cases=sum(len(t["cases"]) for t in tests),
+            cases=[{"test": t["nodeid"].split("::", 1)[-1], **c} for t in tests for c in t["cases"]],
+            evidence=evidence, measurements=[m for t in tests for m in t["measurements"]],
+            claims={c: c in seen for c in claims}, waived_claims=waived,
+            tests=[verdicts.TestRecord(t["nodeid"], t["outcome"], t["message"], round(t["seconds"], 3), len(t["cases"]))
+                   for t in tests],
+            seconds=round(sum(t["seconds"] for t in tests), 3))
 
 
 def _coverage_context(name: str) -> None:
@@ -296,7 +294,7 @@ def environment(config) -> dict:
 
     import torch
 
-    from engine.runtime import model_checksums
+    from engine.loader import model_checksums
     model, drafter = option(config, "--model", "SPECGATE_MODEL"), option(config, "--drafter", "SPECGATE_DRAFTER")
     try:
         target_dir = model_dir(config, "target")

@@ -10,7 +10,7 @@ gate, the lines and arcs it executed. Here:
   is what a reviewer reads);
 - `judge`: those against the reviewed list, gates/unreached-branches.toml (each entry with a
   one-line reason). An unreached branch not listed fails, and so does a stale entry (its branch
-  is taken now, or its code is gone), as mutants/equivalent-mutants.toml does for mutants.
+  is taken now, or its code is gone), as mutants/mutation/equivalent-mutants.toml does for mutants.
 """
 import ast
 import tomllib
@@ -21,11 +21,11 @@ import coverage
 
 REVIEWED = Path(__file__).resolve().parent / "unreached-branches.toml"
 # The request path: every module a request passes through from add_request to its last token,
-# and the bench's folding of legs into figures (only those functions of engine/bench.py).
+# and the bench's folding of legs into figures (only those functions of engine/bench/legs.py).
 REQUEST_PATH = {"engine/scheduler.py": None, "engine/block_manager.py": None, "engine/runner.py": None,
                 "engine/step_plan.py": None, "engine/llm.py": None, "engine/verify.py": None,
                 "engine/sampling.py": None, "engine/proposers.py": None, "engine/block_drafter.py": None,
-                "engine/metrics.py": None, "engine/bench.py": ("is_warm", "fold", "run_leg", "run_bench")}
+                "engine/bench/metrics.py": None, "engine/bench/legs.py": ("is_warm", "fold", "run_leg", "run_bench")}
 EXIT = "exit"
 
 
@@ -146,15 +146,15 @@ def html_report(data_file: Path, root: Path, directory: Path) -> None:
     cov.html_report(directory=str(directory), show_contexts=True, title="specgate: engine lines each gate reaches")
 
 
-def summary(result: dict) -> str:
-    """The reach part of a `gates run --coverage` report, for the terminal."""
+def summary(result) -> str:
+    """The reach part of a `gates run --coverage` report (a gates.report.GateReport), for the terminal."""
     lines = ["gate reach (engine/): statements reached / total, branches taken / total"]
-    for g in result["gates"]:
-        c = g.get("coverage")
+    for g in result.gates:
+        c = g.coverage
         if c:
-            lines.append(f"  {g['name']:<16} {c['statements_reached']:>5} / {c['statements']:<5} "
+            lines.append(f"  {g.name:<16} {c['statements_reached']:>5} / {c['statements']:<5} "
                          f"{c['branches_taken']:>5} / {c['branches']}")
-    reach = result["reach"]
+    reach = result.reach
     lines.append(f"HTML: {reach['html']}/index.html")
     if not reach["judged"]:
         lines.append("unreached request-path branches: not judged (only when every gate that can run here ran)")

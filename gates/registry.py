@@ -1,8 +1,8 @@
 """The gate registry: each gate's name, module, one-line purpose and what it needs.
 
 A gate is one pytest module, gates/<module>.py. `mutation_suite` says whether the mutation runs
-(mutants/mutate.py) use it as part of their suite. Which seeded defects a gate is proven against
-is not written here: the defect catalogue (mutants/catalogue.py, a layer above) names the gates
+(mutants/mutation/mutate.py) use it as part of their suite. Which seeded defects a gate is proven against
+is not written here: the defect catalogue (mutants/proof/catalogue.py, a layer above) names the gates
 each defect turns red, and the layers that know both join them (the specgate command, prove).
 """
 import re

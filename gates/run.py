@@ -28,7 +28,7 @@ class _Process:
     gates: list[Gate]
     cmd: list[str]
     returncode: int = 0
-    raw: dict | None = None
+    raw: report.GateReport | None = None
     log: str = ""
 
 
@@ -58,7 +58,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
               deep: bool = False, model: str | None = None, drafter: str | None = None,
               device: str | None = None, pytest_args: tuple[str, ...] = (), quiet: bool = False,
               proven_against: Mapping[str, tuple[str, ...]] | None = None, jobs: int = 1,
-              coverage_dir: str | None = None) -> dict:
+              coverage_dir: str | None = None) -> report.GateReport:
     """Run the gates in pytest processes (one, or with `jobs` > 1 several at once: see plan());
     `proven_against` (gate -> defect names, from the defect catalogue a layer above) goes into each
     gate's result. Every gate is judged in one process, so the report is the same whatever `jobs`.
@@ -90,29 +90,25 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
                 list(pool.map(lambda proc: _run(proc, env, quiet, capture=parallel), batch))
             processes += batch
         reach_result = _reach(data_file, gates, Path(coverage_dir)) if coverage_dir and data_file.exists() else None
-    found = {g["name"]: g for proc in processes for g in (proc.raw or {}).get("gates", [])}
+    found = {g.name: g for proc in processes if proc.raw for g in proc.raw.gates}
     returncode = {g.name: proc.returncode for proc in processes for g in proc.gates}
     proven_against = proven_against or {}
-    results = [_with_proof(found.get(g.name) or _not_run(g, returncode[g.name]), proven_against.get(g.name, ()))
-               for g in gates]
-    if reach_result is not None:
-        for r in results:
-            r["coverage"] = reach_result["gates"].get(r["name"])
-    environment = next((proc.raw["environment"] for proc in processes if proc.raw), {})
-    result = {"schema": "specgate-gates/1", "command": " ; ".join(" ".join(proc.cmd) for proc in processes),
-              "started": started, "seconds": round(time.perf_counter() - t0, 2), "jobs": max(1, jobs),
-              "environment": environment,
-              "pytest_exit_status": next((proc.returncode for proc in processes if proc.returncode), 0),
-              "summary": report.summary(results), "exit_status": report.exit_status(results), "gates": results}
+    results = [found.get(g.name) or _not_run(g, returncode[g.name]) for g in gates]
+    for r in results:
+        r.proven_against = list(proven_against.get(r.name, ()))
+        if reach_result is not None:
+            r.coverage = reach_result["gates"].get(r.name)
+    result = report.GateReport(
+        results, environment=next((proc.raw.environment for proc in processes if proc.raw), {}),
+        command=" ; ".join(" ".join(proc.cmd) for proc in processes), started=started,
+        seconds=round(time.perf_counter() - t0, 2), jobs=max(1, jobs),
+        pytest_exit_status=next((proc.returncode for proc in processes if proc.returncode), 0),
+        reach={k: v for k, v in reach_result.items() if k != "gates"} if reach_result is not None else None)
     # the registry's own gates only: a harness test's fake gates must not land in the cache
-    timings.record({g.name: r["seconds"] for g, r in zip(gates, results)
-                    if g.path is None and r["status"] in (report.GREEN, report.RED)})
-    if reach_result is not None:
-        result["reach"] = {k: v for k, v in reach_result.items() if k != "gates"}
-        if reach_result["judged"] and (reach_result["unreviewed"] or reach_result["stale"]):
-            result["exit_status"] = 1
+    timings.record({g.name: r.seconds for g, r in zip(gates, results)
+                    if g.path is None and r.status in (report.GREEN, report.RED)})
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+        Path(json_path).write_text(json.dumps(result.to_json(), indent=2, default=str))
     if junit_path:
         tree = report.junit(result)
         tree.write(junit_path, encoding="utf-8", xml_declaration=True)
@@ -147,25 +143,13 @@ def _run(proc: _Process, env: dict, quiet: bool, capture: bool) -> None:
         out = subprocess.DEVNULL if quiet else sys.stderr
         done = subprocess.run(proc.cmd, cwd=REPO, env=env, stdout=out, stderr=out)
     proc.returncode = done.returncode
-    proc.raw = json.loads(raw_path.read_text()) if raw_path.exists() else None
+    proc.raw = report.GateReport.from_json(json.loads(raw_path.read_text())) if raw_path.exists() else None
 
 
-def _with_proof(result: dict, proven_against: tuple[str, ...]) -> dict:
-    """The gate's result with the defects it is proven against, after its needs (the report's order)."""
-    out = {}
-    for key, value in result.items():
-        out[key] = value
-        if key == "needs":
-            out["proven_against"] = list(proven_against)
-    return out
-
-
-def _not_run(gate: Gate, returncode: int) -> dict:
+def _not_run(gate: Gate, returncode: int) -> report.GateResult:
     """A gate the pytest process never reported on (it crashed, or was interrupted): an error."""
-    return {"name": gate.name, "purpose": gate.purpose, "needs": gate.needs, "module": str(gate.file), "status": report.ERROR,
-            "reason": f"no result: pytest exited with status {returncode} before reporting this gate",
-            "num_cases": 0, "cases": [], "evidence": [], "measurements": [], "claims": {}, "tests": [],
-            "seconds": 0.0}
+    return report.GateResult(gate.name, gate.purpose, gate.needs, module=str(gate.file), status=report.ERROR,
+                             reason=f"no result: pytest exited with status {returncode} before reporting this gate")
 
 
 def _reach(data_file: Path, gates: list[Gate], html_dir: Path) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gates.measure import UNDER_THE_FLOOR
 from gates.registry import GATES
+from gates.report import GateReport, GateResult
 
 LIFT, KEEP = "LIFT", "KEEP"
 SPEED_GATE, DECIDING_ARM = "speed-ab", "graph"
@@ -35,29 +36,29 @@ class Verdict:
                f"{'; '.join(self.reasons[:3])}{'; ...' if len(self.reasons) > 3 else ''})"
 
 
-def ran_on_cuda(report: dict) -> bool:
-    env = report.get("environment") or {}
+def ran_on_cuda(report: GateReport) -> bool:
+    env = report.environment
     return bool(env.get("cuda")) and str(env.get("device") or "cpu").startswith("cuda")
 
 
-def decide(reports: list[dict], gate_names: tuple[str, ...] | None = None) -> Verdict:
+def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None) -> Verdict:
     names = gate_names or tuple(g.name for g in GATES)
     reasons, runs = [], []
-    green_on_cuda: dict[str, dict] = {}
+    green_on_cuda: dict[str, GateResult] = {}
     if not reports:
         return Verdict(KEEP, ["no gate report was given"])
     if not any(ran_on_cuda(r) for r in reports):
         reasons.append("no report ran on CUDA: the GPU gates (busy, no-sync's sync debug mode, speed-ab's "
                        "graph replay) did not run")
     for report in reports:
-        device = "cuda" if ran_on_cuda(report) else (report.get("environment") or {}).get("device") or "cpu"
-        for g in report.get("gates", []):
-            skipped_tests = [t for t in g.get("tests", []) if t.get("outcome") == "skipped"]
-            runs.append(f"{g['name']}: {g['status']} on {device} ({g.get('reason', '')})")
-            if g["status"] in ("red", "error"):
-                reasons.append(f"{g['name']} is {g['status']} on {device}: {g.get('reason', '')}")
-            elif g["status"] == "green" and device == "cuda" and not skipped_tests:
-                green_on_cuda[g["name"]] = g
+        device = "cuda" if ran_on_cuda(report) else report.environment.get("device") or "cpu"
+        for g in report.gates:
+            skipped_tests = [t for t in g.tests if t.outcome == "skipped"]
+            runs.append(f"{g.name}: {g.status} on {device} ({g.reason})")
+            if g.status in ("red", "error"):
+                reasons.append(f"{g.name} is {g.status} on {device}: {g.reason}")
+            elif g.status == "green" and device == "cuda" and not skipped_tests:
+                green_on_cuda[g.name] = g
     for name in names:
         if name not in green_on_cuda:
             seen = [r for r in runs if r.startswith(f"{name}: ")]
@@ -68,9 +69,9 @@ def decide(reports: list[dict], gate_names: tuple[str, ...] | None = None) -> Ve
     return Verdict(KEEP if reasons else LIFT, reasons, runs)
 
 
-def speed_reasons(gate: dict) -> list[str]:
+def speed_reasons(gate: GateResult) -> list[str]:
     """KEEP reasons from speed-ab's CUDA figures: its graph arm must show async ahead everywhere."""
-    graph = [m for m in gate.get("measurements", []) if m.get("graph_arm") == DECIDING_ARM]
+    graph = [m for m in gate.measurements if m.get("graph_arm") == DECIDING_ARM]
     if not graph:
         return [f"{SPEED_GATE} recorded no {DECIDING_ARM}-arm figures"]
     out = []
@@ -86,11 +87,11 @@ def speed_reasons(gate: dict) -> list[str]:
     return out
 
 
-def load(paths: list[str]) -> list[dict]:
+def load(paths: list[str]) -> list[GateReport]:
     reports = []
     for path in paths:
         try:
-            reports.append(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
+            reports.append(GateReport.from_json(json.loads(Path(path).read_text())))
+        except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
             raise ValueError(f"cannot read gate report {path}: {e}") from None
     return reports

@@ -1,6 +1,6 @@
 """The gates' workloads: prompts, Hypothesis strategies for batch compositions (`None` means
 "let Hypothesis choose"), the deterministic mixes some gates need, and one traced run. A workload
-is the engine's `engine.workload.Workload`; its host-history requests get `no_immediate_repeat`.
+is the engine's `engine.bench.workload.Workload`; its host-history requests get `no_immediate_repeat`.
 The prompts are text, so a model folder's own tokenizer encodes them (`--model DIR`).
 
 Hypothesis examples per test come from the loaded profile: the bounded `ci` count a gate asks
@@ -13,7 +13,7 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from engine.block_drafter import mismatch_with_target
-from engine.workload import Workload
+from engine.bench.workload import Workload
 
 DRAFTERS = ("ngram", "block")
 
@@ -164,9 +164,9 @@ def run_pair(make_llm, workload: Workload, **engine) -> tuple[Run, Run]:
 
 def observe_plans(llm, plans: list) -> None:
     """Record each executed plan as (step, arm, number of requests, has a prefill); changes nothing."""
-    execute = llm.runner.execute
+    launch = llm.runner.launch
 
-    def observed(plan):
+    def observed(plan, *args, **kwargs):
         plans.append((plan.step, plan.arm, len(plan.requests), any(row.is_prefill for row in plan.real_rows)))
-        return execute(plan)
-    llm.runner.execute = observed
+        return launch(plan, *args, **kwargs)
+    llm.runner.launch = observed

@@ -81,7 +81,7 @@ PY
         ;;
     prove)
         # The CPU gates run on the CPU (16 cores there), the CUDA-only defects and the CUDA gates on
-        # the GPU; the timed gates run alone after the rest (mutants/prove.py).
+        # the GPU; the timed gates run alone after the rest (mutants/proof/prove.py).
         timed prove "$PY" -m specgate_cli prove --jobs "${PROVE_JOBS:-8}" \
             --json "$OUT/prove-cuda.json" --markdown "$OUT/prove-cuda.md"
         ;;

@@ -134,12 +134,12 @@ def cli_env():
 
 @pytest.fixture(scope="session")
 def scripted_bench():
-    """`run(concurrencies, legs, warmup_legs, script)`: engine.bench.run_bench as `specgate bench`
+    """`run(concurrencies, legs, warmup_legs, script)`: engine.bench.legs.run_bench as `specgate bench`
     calls it, on stand-in engines and a stand-in clock: the generate call of leg (c, i) takes
     script[c, i] = (seconds, outputs) and returns those RequestOutputs. Returns the Legs.
     Session-scoped (Hypothesis refuses function-scoped fixtures); the clock is patched per call."""
-    from engine import bench
-    from engine.workload import Workload
+    from engine.bench import legs as bench
+    from engine.bench.workload import Workload
 
     def run(concurrencies: list[int], legs: int, warmup_legs: int, script: dict) -> list:
         clock = Clock(wall=1_700_000_000.0, perf=100.0)
@@ -148,7 +148,7 @@ def scripted_bench():
             def __init__(self, concurrency: int):
                 self.concurrency, self.index = concurrency, 0
                 # what run_leg reads besides generate: the phase clock's slot and the spec name
-                self.runner = SimpleNamespace(is_cuda=False, step_phases=None)
+                self.runner = SimpleNamespace(is_cuda=False)
                 self.config = SimpleNamespace(spec=None)
 
             def generate(self, prompts, params, arrival_steps=None):
@@ -179,5 +179,5 @@ def refusals_pair(make_llm):
 @pytest.fixture(scope="session")
 def bench_tiny_dir(tmp_path_factory) -> Path:
     """The benchmark model's tiny shape, seed 0, as `specgate bench-model write` makes it."""
-    from engine.bench_model import write_bench_model
+    from engine.bench.models import write_bench_model
     return write_bench_model("tiny", seed=0, folder=tmp_path_factory.mktemp("bench") / "tiny-seed0")

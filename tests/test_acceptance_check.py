@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from engine import bench
+from engine.bench import legs as bench
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.trace import StepTrace
-from engine.workload import Workload
+from engine.bench.workload import Workload
 from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
 from gates.compare import Difference
 from traces import record
@@ -128,7 +128,7 @@ class ScriptedLLM:
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls, self.trace = kwargs, [], []
-        self.runner = type("Runner", (), {"is_cuda": False, "step_phases": None})()
+        self.runner = type("Runner", (), {"is_cuda": False})()
         self.config = type("Config", (), {"spec": kwargs.get("spec")})()
 
     def generate(self, prompts, params, arrival_steps=None):

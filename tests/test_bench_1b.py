@@ -1,4 +1,4 @@
-"""The 1B benchmark's CPU-side logic (engine/bench_decode.py, bench_peer.py, bench_summary.py):
+"""The 1B benchmark's CPU-side logic (engine/bench/decode.py, bench_peer.py, bench_summary.py):
 the HBM floor's arithmetic against issue 18's own figures and against a loaded model, the decode
 timer's window on the tiny shape, the transformers peer's harness, and the summary's ratios,
 targets, table and plot. The GPU figures themselves come from scripts/gpu-check.sh bench1b."""
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.bench_decode import mean_context, plain_step_bytes, floor_ms, time_decode
-from engine.bench_model import SHAPES, bench_prompts, config_dict
-from engine.bench_peer import time_generate, transformers_peer
-from engine.bench_summary import summarize, table, plot
+from engine.bench.decode import mean_context, plain_step_bytes, floor_ms, time_decode
+from engine.bench.models import SHAPES, bench_prompts, config_dict
+from engine.bench.peer import time_generate, transformers_peer
+from engine.bench.summary import summarize, table, plot
 from engine.config import ModelConfig
 from engine.loader import load_model
 

@@ -1,4 +1,4 @@
-"""The decode benchmark (engine/bench_decode.py) on a stand-in clock and stand-in engines, so every
+"""The decode benchmark (engine/bench/decode.py) on a stand-in clock and stand-in engines, so every
 figure is a known answer: the copy bandwidth, one timed decode window, the median over legs,
 the report of every arm, and the floor's bytes and milliseconds. (The timer on the real engine:
 tests/test_bench_1b.py.)"""
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import engine
-from engine import bench_decode
-from engine.bench_decode import DecodeLeg, StepBytes, copy_bandwidth, decode_report, floor_ms, measure_decode, time_decode
-from engine.bench_model import SHAPES, bench_prompts, config_dict
+from engine.bench import decode as bench_decode
+from engine.bench.decode import DecodeLeg, StepBytes, copy_bandwidth, decode_report, floor_ms, measure_decode, time_decode
+from engine.bench.models import SHAPES, bench_prompts, config_dict
 from engine.sampling import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""The bench's folded figures (engine/bench.py: fold's `summary` and the plot's `figures`) against a
+"""The bench's folded figures (engine/bench/legs.py: fold's `summary` and the plot's `figures`) against a
 recomputation from the per-leg records written from scratch (gates/bench_fold.py, which the
 acceptance gate also applies to real legs), over bench parameters Hypothesis draws: concurrencies
 (in any order), legs, warm-up legs (none, some, all), each leg's time and its requests'
@@ -8,10 +8,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import bench
+from engine.bench import legs as bench
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
-from engine.workload import Workload
+from engine.bench.workload import Workload
 from gates.bench_fold import fold_records, report_difference
 from strategies import examples
 

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import bench
-from engine.bench import Leg, fold, is_warm, run_leg
-from engine.workload import Workload
-from engine.metrics import Acceptance, NoPhases, StepPhases
+from engine.bench import legs as bench
+from engine.bench.legs import Leg, fold, is_warm, run_leg
+from engine.bench.workload import Workload
+from engine.bench.metrics import Acceptance, StepPhases
+from engine.clock import NullClock
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
@@ -31,13 +32,14 @@ class FakeClock:
 
 class RecordingLLM:
     def __init__(self, clock: FakeClock, elapsed: float, outputs: list[RequestOutput]):
-        self.clock, self.elapsed, self.outputs, self.calls = clock, elapsed, outputs, []
+        self.time, self.elapsed, self.outputs, self.calls = clock, elapsed, outputs, []
         self.config = SimpleNamespace(spec="ngram")
-        self.runner = SimpleNamespace(is_cuda=False, step_phases=NoPhases())  # where the bench's clock goes
+        self.runner = SimpleNamespace(is_cuda=False)
+        self.clock = NullClock()  # where the bench hands its step clock
 
     def generate(self, *args, **kwargs):
         self.calls.append((args, kwargs))
-        self.clock.perf += self.elapsed
+        self.time.perf += self.elapsed
         return self.outputs
 
 
@@ -152,7 +154,7 @@ def test_a_real_leg_on_the_fixture_model(make_llm):
     assert all(phases["host_seconds"][p] > 0 for p in ("plan", "upload", "launch", "completion"))
     assert 0 < phases["host_seconds"]["completion_wait"] <= phases["host_seconds"]["completion"]
     assert phases["gpu_ms_per_step"] is None and "CPU" in phases["clock"]
-    assert isinstance(llm.runner.step_phases, NoPhases)
+    assert isinstance(llm.clock, NullClock)
 
 
 def phases(steps: int, plan: float, upload: float, launch: float, completion: float, wait: float,
@@ -189,7 +191,7 @@ def test_fold_adds_phases_only_from_warm_legs():
 
 
 def test_the_phase_clock_adds_each_interval_to_its_phase(monkeypatch):
-    from engine import metrics
+    from engine.bench import metrics
     ticks = iter([10.0, 10.5, 11.0, 13.0, 20.0, 20.25])
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(ticks))
     clock = metrics.StepPhases(cuda=False)

@@ -1,4 +1,4 @@
-"""The benchmark model folder (engine/bench_model.py), on the tiny shape: it loads in specgate
+"""The benchmark model folder (engine/bench/models.py), on the tiny shape: it loads in specgate
 and in transformers with the same greedy tokens, it is sharded, one seed gives one set of bytes,
 and an interrupted write is redone; the decisive 1B weights, in miniature, pick each greedy token by a
 margin far above bf16 rounding."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.bench_model import (DECISIVE_BLOCK_SCALE, MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir,
+from engine.bench.models import (DECISIVE_BLOCK_SCALE, MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir,
                                 random_tensor, successors, tensor_shapes, write_bench_model)
 from engine.config import ModelConfig
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE, weight_files
-from engine.runtime import weights_sha256
+from engine.loader import weights_sha256
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("hf-folders")
@@ -189,7 +189,7 @@ def test_measure_load_reports_time_and_peak_host_memory_from_a_child_process(ben
     child (the parent's own high-water mark, here inflated on purpose, does not leak in), with the
     largest shard beside them for comparison."""
     import specgate_cli
-    from engine.load_cost import memory_mib
+    from engine.bench.load_cost import memory_mib
     from engine.loader import load_model
     ballast = torch.ones(64 * 2**20, dtype=torch.uint8) + 1  # 64 MiB more in this process's mark only
     out = tmp_path / "load.json"

@@ -1,5 +1,5 @@
 """The benchmark folder's files as a loader or a reader of published checkpoints meets them
-(engine/bench_model.py): config.json, the index and the marker, pretty-printed and exact; the
+(engine/bench/models.py): config.json, the index and the marker, pretty-printed and exact; the
 shards' safetensors metadata; where the shard plan puts the embedding, the layers and the head;
 the seeded prompts every peer is given; and the refusals, word for word."""
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from engine.bench_model import MARKER_FILE, SHAPES, bench_prompts, tensor_shapes, write_bench_model
+from engine.bench.models import MARKER_FILE, SHAPES, bench_prompts, tensor_shapes, write_bench_model
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE
 

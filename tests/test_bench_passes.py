@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import bench
-from engine.bench import Leg
-from engine.metrics import Acceptance
-from engine.oracle import OracleScript
+from engine.bench import legs as bench
+from engine.bench.legs import Leg
+from engine.bench.metrics import Acceptance
+from engine.bench.oracle import OracleScript
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
-from engine.workload import Workload
+from engine.bench.workload import Workload
 from clock import Clock
 
 WORKLOAD = Workload(("ab", "cde"), max_tokens=(4, 6), arrival_steps=(0, 2))
@@ -26,13 +26,13 @@ class Engine:
     as the prompt's ids and max_tokens tokens 7; every call is recorded."""
 
     def __init__(self, clock: Clock, spec: str | None = None):
-        self.clock, self.calls = clock, []
+        self.time, self.calls = clock, []
         self.config = SimpleNamespace(spec=spec, model="/models/target")
-        self.runner = SimpleNamespace(is_cuda=False, step_phases=None)
+        self.runner = SimpleNamespace(is_cuda=False)
 
     def generate(self, prompts, params, arrival_steps=None):
         self.calls.append((prompts, params, arrival_steps))
-        self.clock.perf += 0.5
+        self.time.perf += 0.5
         return [RequestOutput(i, p, list(p.encode()), [7] * sp.max_tokens, "", "length", RequestStats())
                 for i, (p, sp) in enumerate(zip(prompts, params))]
 

@@ -1,4 +1,4 @@
-"""The transformers peer's harness (engine/bench_peer.py) on the tiny folder on the CPU: every
+"""The transformers peer's harness (engine/bench/peer.py) on the tiny folder on the CPU: every
 figure of its report as a known answer on a stand-in clock, the calls it makes to `generate`
 (one untimed warm-up, then the timed repeats), greedy whatever the folder's generation config
 says, into one static cache of the long call's size."""
@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import LLM, SamplingParams, bench_peer
-from engine.bench_model import bench_prompts
-from engine.bench_peer import is_compiled, peer_figures
+from engine import LLM, SamplingParams
+from engine.bench import peer as bench_peer
+from engine.bench.models import bench_prompts
+from engine.bench.peer import is_compiled, peer_figures
 
 transformers = pytest.importorskip("transformers")
 SHORT, LONG = 2, 17

@@ -4,7 +4,7 @@ The PNG is read back from the matplotlib Figure `plot` saved (tests/plotted.py).
 import matplotlib
 from cycler import cycler
 
-from engine.bench import Leg, figures, plot
+from engine.bench.legs import Leg, figures, plot
 from plotted import drawn, figure, png_size
 
 C0, C1, C2, GREY, WHITE = "#1f77b4", "#ff7f0e", "#2ca02c", "#808080", "#ffffff"  # matplotlib's first colours

@@ -3,8 +3,8 @@ concurrencies and legs, the JSON report and the plot. (What one leg records: tes
 from dataclasses import asdict
 from types import SimpleNamespace
 
-from engine import bench
-from engine.bench import Leg, Workload
+from engine.bench import legs as bench
+from engine.bench.legs import Leg, Workload
 
 
 class Corpus:

@@ -1,9 +1,9 @@
-"""The 1B benchmark's summary (engine/bench_summary.py) on reports written by hand: what it keeps
+"""The 1B benchmark's summary (engine/bench/summary.py) on reports written by hand: what it keeps
 of each report, its rows, the spec rows against the plain baseline, issue 18's targets at their
 bounds, the table as printed, the report files it reads, and the PNG read back from its Figure."""
 import json
 
-from engine.bench_summary import plot, summarize, summarize_files, table, targets
+from engine.bench.summary import plot, summarize, summarize_files, table, targets
 from plotted import drawn, figure, png_size
 
 

@@ -157,7 +157,7 @@ def test_a_drafter_that_does_not_fit_its_target_is_told_why(target_dir, tmp_path
     12 hex digits of both checksums. A drafter that names no training target is judged by its
     shapes alone (the target's weights are not even read)."""
     from engine.block_drafter import mismatch_with_target
-    from engine.runtime import weights_sha256
+    from engine.loader import weights_sha256
     assert mismatch_with_target(None, target_dir) == "no block drafter folder was given"
     assert mismatch_with_target(DRAFTER_DIR, target_dir) is None
     wide = _copy_drafter(tmp_path / "wide")

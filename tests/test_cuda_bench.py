@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.workload import Workload
+from engine.bench.workload import Workload
 
 from conftest import TensorCopies  # tests/conftest.py
 
@@ -22,12 +22,13 @@ PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15]]
 
 
 def test_the_oracle_engine_on_cuda_gives_the_plain_tokens(make_llm):
-    from engine.bench import oracle_script
+    from engine.bench.legs import oracle_script
+    from engine.bench.oracle import oracle_proposer
     workload = Workload(PROMPTS, max_tokens=(24, 16, 30), arrival_steps=(0, 1, 3))
     plain = make_llm(device="cuda", max_num_seqs=4)
     outs = plain.generate(workload.prompt_list(), workload.params(ignore_eos=True), arrival_steps=workload.arrivals())
     oracle = make_llm(device="cuda", spec="oracle", num_spec_tokens=4, max_num_seqs=4, async_runner=True,
-                      oracle=oracle_script(plain, workload, 4, 3.0))
+                      proposer=oracle_proposer(oracle_script(plain, workload, 4, 3.0)))
     got = oracle.generate(workload.prompt_list(), workload.params(ignore_eos=True), arrival_steps=workload.arrivals())
     assert [o.token_ids for o in got] == [o.token_ids for o in outs]
     assert sum(o.stats.num_accepted_tokens for o in got) > 0
@@ -43,7 +44,7 @@ def test_sequence_probs_of_a_cuda_model_are_the_cpu_model_s(make_llm):
 
 
 def test_the_kernel_count_on_cuda_counts_the_kernels_of_each_decode_step(make_llm):
-    from engine.kernel_count import count_kernels
+    from engine.bench.kernel_count import count_kernels
     llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True)
     got = count_kernels(llm, Workload.uniform(PROMPTS, max_tokens=40), max_steps=4)
     assert (got["counted"], got["steps"], got["num_reqs"], got["k"]) == ("CUDA kernels", 4, 3, 2)
@@ -52,7 +53,7 @@ def test_the_kernel_count_on_cuda_counts_the_kernels_of_each_decode_step(make_ll
 
 
 def test_the_load_on_cuda_is_measured_in_a_child_with_the_device_s_peak(target_dir):
-    from engine.load_cost import measure_load_in_child
+    from engine.bench.load_cost import measure_load_in_child
     got = measure_load_in_child(target_dir, "cuda", None)
     assert got["touch_seconds"] is None  # the load copied every weight to the device: nothing left to page in
     assert got["device_peak_mib"] >= got["weights_mib"] > 0
@@ -61,7 +62,7 @@ def test_the_load_on_cuda_is_measured_in_a_child_with_the_device_s_peak(target_d
 def test_the_load_child_on_cuda_reads_onto_the_device_and_touches_nothing(target_dir, capsys):
     """child_main in this process (the child's body, which mutmut can follow): on CUDA the load's
     device peak is measured and no weight is paged in on the host."""
-    from engine.load_cost import child_main
+    from engine.bench.load_cost import child_main
     child_main(json.dumps({"model": str(target_dir), "device": "cuda", "dtype": None}))
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert got["touch_seconds"] is None
@@ -69,7 +70,7 @@ def test_the_load_child_on_cuda_reads_onto_the_device_and_touches_nothing(target
 
 
 def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm):
-    from engine.bench import run_leg
+    from engine.bench.legs import run_leg
     llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True)
     leg = run_leg(llm, Workload(PROMPTS, max_tokens=(12, 8, 16), arrival_steps=(0, 1, 2)), 3, 0, 0)
     assert leg.phases["steps"] > 1 and leg.phases["gpu_steps"] == leg.phases["steps"]
@@ -79,7 +80,7 @@ def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm):
 def test_the_copy_bandwidth_on_cuda_is_a_device_copy():
     """Told by where the bytes are, not by a speed: a host-timed figure measures whatever else
     shares the GPU (a mutation run's children: a floor of 200 GB/s made false kills)."""
-    from engine.bench_decode import copy_bandwidth
+    from engine.bench.decode import copy_bandwidth
     with TensorCopies() as copies:
         bandwidth = copy_bandwidth("cuda", mib=64)
     assert len(copies.calls) == 11  # the warm-up and the ten timed copies
@@ -89,7 +90,7 @@ def test_the_copy_bandwidth_on_cuda_is_a_device_copy():
 
 
 def test_the_decode_report_on_cuda_names_the_gpu(bench_tiny_dir):
-    from engine.bench_decode import decode_report
+    from engine.bench.decode import decode_report
     report = decode_report(bench_tiny_dir, "cuda", ["sync"], "eager", [1], prompt_len=8, max_tokens=8, legs=1)
     assert report["gpu"] == torch.cuda.get_device_name(0)
     assert math.isfinite(report["bandwidth_bytes_per_s"]) and report["bandwidth_bytes_per_s"] > 0
@@ -97,8 +98,8 @@ def test_the_decode_report_on_cuda_names_the_gpu(bench_tiny_dir):
 
 
 def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
-    from engine.bench_model import bench_prompts
-    from engine.bench_peer import transformers_peer
+    from engine.bench.models import bench_prompts
+    from engine.bench.peer import transformers_peer
     got = transformers_peer(bench_tiny_dir, bench_prompts(1, 8, seed=0), [1], "cuda", short=2, long=6, repeats=1)
     assert got["ran"] is True and got["dtype"] == "torch.bfloat16" and got["device"] == "cuda:0"
     assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6

@@ -63,7 +63,7 @@ def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafte
 def test_fused_layers_over_flex_read_the_cache_through_its_block_mask(make_llm):
     """The fused layers with the flex backend (uncompiled, on the CPU): each layer's read takes
     flex's block mask, and the run is the reference modules' token for token and step for step."""
-    from engine.workload import Workload
+    from engine.bench.workload import Workload
     batch = Workload([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], max_tokens=(16, 10, 12), arrival_steps=(0, 1, 1))
     kwargs = dict(spec="ngram", num_spec_tokens=3, attention_backend="flex", max_num_seqs=4, trace=True)
     reference = run(make_llm(**kwargs), batch)
@@ -78,7 +78,7 @@ def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make
     the layers, verify, the logits gather, the sdpa metadata, and a proposer that is a function
     of its input; the block drafter (a model with state) and flex's own metadata stay eager."""
     from engine.attention import build_attention_metadata
-    from engine.runner import gather_logits
+    from engine.logits import gather_logits
 
     def compiled_from(fn, original):
         return getattr(fn, "_torchdynamo_orig_callable", None) == original
@@ -123,7 +123,7 @@ def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, tempe
     (aux hidden states) or ngram, async runner, graph arm, a mixed batch with late arrivals;
     greedy, and seeded sampling with top-k and top-p."""
     from gates.workloads import MIXED_REFUSALS
-    from engine.runner import gather_logits
+    from engine.logits import gather_logits
     batch = MIXED_REFUSALS
     kwargs = dict(spec=drafter, num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
     compiled = make_llm(compile=True, **kwargs)

@@ -103,7 +103,7 @@ def test_lossless_goes_red_on_one_changed_token(refusals_pair):
 
 
 def test_acceptance_goes_red_on_a_leg_that_disagrees_with_its_trace(make_llm):
-    from engine import bench
+    from engine.bench import legs as bench
     from gates.acceptance import WARMUP_LEGS, acceptance_difference as leg_difference, fold_difference, traced_legs
     workload = bench.Workload.uniform(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
     legs, expected, _ = traced_legs(make_llm, workload, spec="ngram", num_spec_tokens=3)

@@ -82,7 +82,7 @@ def _test(outcome="passed", cases=1, message=None):
     ([_test()], "cuda", True, (), set(), report.GREEN),
 ])
 def test_verdict(tests, needs, has_cuda, claims, seen, status):
-    assert report.verdict(needs, tests, claims, seen, None, has_cuda)[0] == status
+    assert report.gate_status(needs, tests, claims, seen, None, has_cuda)[0] == status
 
 
 FAKE_GATES = {
@@ -139,7 +139,7 @@ def harness_run(tmp_path_factory):
     fakes = write_fake_gates(tmp)
     real = registry.by_name(["reason-a", "busy"])
     json_path, junit_path = tmp / "gates.json", tmp / "gates.xml"
-    result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True)
+    result = run_gates(fakes + real, str(json_path), str(junit_path), quiet=True).to_json()
     return result, json.loads(json_path.read_text()), ET.parse(junit_path)
 
 
@@ -153,8 +153,8 @@ def test_gates_run_in_parallel_give_the_serial_report(tmp_path):
     gates.insert(2, registry.by_name(["busy"])[0])
     phases = plan(gates, 2)
     assert len(phases) == 2 and len(phases[0]) == 2 and [g.name for g in phases[1][0]] == ["busy"]
-    serial = run_gates(gates, None, str(tmp_path / "serial.xml"), quiet=True, jobs=1)
-    parallel = run_gates(gates, None, str(tmp_path / "parallel.xml"), quiet=True, jobs=2)
+    serial = run_gates(gates, None, str(tmp_path / "serial.xml"), quiet=True, jobs=1).to_json()
+    parallel = run_gates(gates, None, str(tmp_path / "parallel.xml"), quiet=True, jobs=2).to_json()
 
     def comparable(result):
         return [{**{k: v for k, v in g.items() if k != "seconds"},
@@ -230,9 +230,11 @@ def test_junit_report_is_well_formed_with_one_suite_per_gate(harness_run):
 
 
 def test_an_exit_status_is_non_zero_only_for_red_or_error():
-    assert report.exit_status([{"status": "green"}, {"status": "skipped"}]) == 0
-    assert report.exit_status([{"status": "green"}, {"status": "red"}]) == 1
-    assert report.exit_status([{"status": "error"}]) == 1
+    def gates(*statuses):
+        return [report.GateResult(f"g{i}", status=s) for i, s in enumerate(statuses)]
+    assert report.exit_status(gates("green", "skipped")) == 0
+    assert report.exit_status(gates("green", "red")) == 1
+    assert report.exit_status(gates("error")) == 1
     assert report.exit_status([]) == 1
 
 
@@ -260,7 +262,7 @@ def test_stop_at_red_ends_a_gate_at_its_first_failed_check_and_it_stays_red(tmp_
     module.write_text(STOPS_AT_RED)
     gate = registry.Gate("fake-stops", module.stem, "stops at red", "cpu", module)
     result = run_gates([gate], str(tmp_path / "g.json"), quiet=True,
-                       pytest_args=("--gates-stop-at-red",) if stop else ())
+                       pytest_args=("--gates-stop-at-red",) if stop else ()).to_json()
     (g,) = result["gates"]
     assert g["status"] == "red" and g["evidence"][0]["message"] and "first red" in json.dumps(g["evidence"])
     assert [t["outcome"] for t in g["tests"]] == ["passed", "failed", "skipped" if stop else "passed"]

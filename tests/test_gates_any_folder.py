@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import bench
+from engine.bench import legs as bench
 from engine.block_drafter import mismatch_with_target
 from gates import report
 from gates.workloads import drafter_skips
@@ -24,11 +24,11 @@ def _test(outcome="passed", cases=1):
 
 def test_a_waived_drafter_claim_is_not_demanded_but_zero_cases_stay_red():
     claims = ("ngram", "block")
-    assert report.verdict("cpu", [_test()], claims, {"ngram"}, None, False)[0] == report.RED
-    assert report.verdict("cpu", [_test()], claims, {"ngram"}, None, False, waived=("block",))[0] == report.GREEN
-    assert report.verdict("cpu", [_test(cases=0)], claims, {"ngram"}, None, False, waived=("block",))[0] == report.RED
+    assert report.gate_status("cpu", [_test()], claims, {"ngram"}, None, False)[0] == report.RED
+    assert report.gate_status("cpu", [_test()], claims, {"ngram"}, None, False, waived=("block",))[0] == report.GREEN
+    assert report.gate_status("cpu", [_test(cases=0)], claims, {"ngram"}, None, False, waived=("block",))[0] == report.RED
     # Only the named drafter's claim is waived; the others are still demanded.
-    status, reason = report.verdict("cpu", [_test()], claims, {"block"}, None, False, waived=("block",))
+    status, reason = report.gate_status("cpu", [_test()], claims, {"block"}, None, False, waived=("block",))
     assert status == report.RED and "ngram" in reason
 
 
@@ -104,7 +104,7 @@ def test_gates_dtype_reaches_the_engine_and_a_random_folder_is_red_on_the_eos_ru
     the engine runs in float32 (the report says so), every token and emit-count check passes, and
     the gate is still red, because this model never emits its EOS id in the workload's greedy
     streams: a finish rule the gate could not exercise is never counted as covered."""
-    from engine.bench_model import write_bench_model
+    from engine.bench.models import write_bench_model
     folder = write_bench_model("tiny", seed=0, folder=tmp_path / "tiny-seed0")
     report_path = tmp_path / "gates.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "gates", "run", "emit-count", "--model", str(folder),

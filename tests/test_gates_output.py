@@ -7,6 +7,7 @@ import re
 import pytest
 
 from fixtures import TARGET_DIR
+from gates.report import GateReport, GateResult
 
 @pytest.mark.slow
 def test_a_gate_run_prints_a_line_per_gate_its_table_once_and_records_the_model(tmp_path, capfd):
@@ -30,8 +31,7 @@ def test_gates_run_says_where_it_wrote_and_defaults_under_reports(monkeypatch, t
 
     def fake_run(gates, json_path, junit_path, **kwargs):
         seen["json"] = json_path
-        return {"gates": [], "summary": {"green": 0, "red": 0, "skipped": 0, "error": 0}, "seconds": 0.0,
-                "exit_status": 0}
+        return GateReport([GateResult("reason-a", status="green")])
     monkeypatch.setattr("gates.run.run_gates", fake_run)
     monkeypatch.chdir(tmp_path)
     from specgate_cli import main

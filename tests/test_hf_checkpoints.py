@@ -201,7 +201,7 @@ def test_a_report_names_the_weights_the_loader_reads_by_checksum(llama3_sharded_
     the drafter's is its model.safetensors'."""
     import hashlib
 
-    from engine.runtime import model_checksums, weights_sha256
+    from engine.loader import model_checksums, weights_sha256
 
     def sha(path):
         return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -120,11 +120,11 @@ def test_speculative_steps_emit_every_accepted_token(target_dir):
     assert req.stats.num_accepted_tokens > 0 and num_steps < 20
 
 
-def test_count_verify_grows_per_position_counts_to_the_longest_draft():
+def test_record_verify_grows_per_position_counts_to_the_longest_draft():
     stats = RequestStats()
     req = Request(0, [1], SamplingParams(), 0, stats=stats)
     for num_draft, num_accepted in ((2, 2), (4, 1), (3, 3), (0, 0)):
-        LLM._count_verify(req, num_draft, num_accepted)
+        req.record_verify(num_draft, num_accepted)
     assert stats.accepted_per_position == [3, 2, 1, 0]
     assert (stats.verify_steps, stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (4, 3, 9, 6)
 

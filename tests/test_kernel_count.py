@@ -8,8 +8,8 @@ import pytest
 from torch.autograd import DeviceType
 
 from engine import SamplingParams
-from engine.kernel_count import count_cuda_events, count_kernels, count_top_level_ops, device_kind, kernel_class
-from engine.workload import Workload
+from engine.bench.kernel_count import count_cuda_events, count_kernels, count_top_level_ops, device_kind, kernel_class
+from engine.bench.workload import Workload
 
 
 @pytest.mark.parametrize("spec", [None, "ngram"])

@@ -1,4 +1,4 @@
-"""`specgate bench --measure-load` (engine/load_cost.py): the figures the child prints, the memory
+"""`specgate bench --measure-load` (engine/bench/load_cost.py): the figures the child prints, the memory
 it reads (Linux's /proc/self/status, elsewhere getrusage), the folder's shard sizes, and how the
 child is started and how its failure reads. The child's own code runs here in-process on the
 tiny benchmark folder, with a stand-in status file and clock, so every figure is a known answer."""
@@ -14,11 +14,12 @@ import torch
 from safetensors.torch import save_file
 
 import engine
-from engine import load_cost
-from engine.bench_model import SHAPES, tensor_shapes
+from engine.bench import load_cost
+from engine.bench.models import SHAPES, tensor_shapes
 from engine.errors import SpecgateError
-from engine.load_cost import child_main, measure_load_in_child, memory_mib, shard_figures
-from engine.loader import INDEX_FILE, LoadMeasurement
+from engine.bench.load_cost import child_main, measure_load_in_child, memory_mib, shard_figures
+from engine.bench.load_cost import LoadMeasurement
+from engine.loader import INDEX_FILE
 
 STATUS = """Name:\tpython3
 Umask:\t0022
@@ -35,7 +36,7 @@ OLD_KERNEL_STATUS = "Name:\tpython3\nVmHWM:\t2048 kB\nVmRSS:\t1024 kB\n"  # befo
 
 @pytest.fixture
 def status_file(tmp_path, monkeypatch):
-    """`status_file(text)`: /proc/self/status as `text` for engine.load_cost (None: no such file)."""
+    """`status_file(text)`: /proc/self/status as `text` for engine.bench.load_cost (None: no such file)."""
     def use(text: str | None) -> Path:
         path = tmp_path / "status"
         if text is not None:
@@ -116,7 +117,7 @@ def test_on_a_gpu_the_child_makes_the_cuda_context_on_that_gpu_before_the_baseli
     def measure_load(model_dir, device, dtype):
         events.append(("load", device))
         return LoadMeasurement(0.5, 2.0, 1.0, 1.0, 2.0), None
-    monkeypatch.setattr(engine.loader, "measure_load", measure_load)
+    monkeypatch.setattr(engine.bench.load_cost, "measure_load", measure_load)
     child_main(json.dumps({"model": "unused", "device": "cuda:1", "dtype": None}))
     assert events == [("context", "cuda:1"), "memory", ("load", "cuda:1"), "memory"]
 

@@ -18,9 +18,11 @@ from engine import loader
 from engine.block_drafter import BlockProposer, DFlashDraftModel, DrafterConfig, load_drafter
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
-from engine.loader import WEIGHTS_FILE, load_model, load_weights, measure_load, save_model
+from engine.bench import load_cost
+from engine.bench.load_cost import measure_load
+from engine.loader import WEIGHTS_FILE, load_model, load_weights, save_model
 from engine.model import LlamaForCausalLM
-from engine.runtime import file_sha256
+from engine.loader import file_sha256
 from fixtures import DRAFTER_DIR
 
 # One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
@@ -360,7 +362,7 @@ def test_measure_load_on_a_named_gpu_reports_that_gpu_s_peak_during_the_load_in_
     def load(model_dir, device, dtype):
         calls.append(("load", device))
         return torch.nn.Linear(512, 1024, bias=False, device="meta")
-    monkeypatch.setattr(loader, "load_model", load)
+    monkeypatch.setattr(load_cost, "load_model", load)
     m, _ = measure_load("unused", "cuda:1")
     assert calls == [("reset", "cuda:1"), ("load", "cuda:1"), ("synchronize", "cuda:1"), ("peak", "cuda:1")]
     assert (m.weights_mib, m.device_peak_mib) == (2.0, 5.0)
@@ -375,7 +377,8 @@ def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_fol
 
     from pathlib import Path
 
-    from engine.loader import load_model, measure_load
+    from engine.bench.load_cost import measure_load
+    from engine.loader import load_model
     repo = Path(__file__).resolve().parent.parent
     out = tmp_path / "load.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--model", str(llama3_sharded_dir),

@@ -1,13 +1,14 @@
-"""The proof's matrix and its verdict on synthetic gate results: red where a defect names a gate,
+"""The proof's matrix and its judgement on synthetic gate results: red where a defect names a gate,
 green on the clean tree, stale and unproven gates fail, CUDA gates are skipped without CUDA; and
 the Proof's tables and reports."""
 import json
 
 import pytest
 
-from mutants import matrix
-from mutants.catalogue import Defect
-from mutants.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
+from mutants.proof import matrix
+from mutants.proof.catalogue import Defect
+from mutants.proof.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
+from gates.report import GateResult
 
 
 NEEDS = {"lossless": "cpu", "combine": "cpu", "emit-count": "cpu", "no-sync": "cuda"}
@@ -18,7 +19,7 @@ FAKE = (Defect("stale-drafts", "x", ("combine", "emit-count")),
 
 
 def ran(name, **statuses):
-    return TreeRun(name, RAN, {g.replace("_", "-"): {"status": s, "reason": ""} for g, s in statuses.items()})
+    return TreeRun(name, RAN, {g.replace("_", "-"): GateResult("g", status=s, reason="") for g, s in statuses.items()})
 
 
 def good_runs():
@@ -34,12 +35,12 @@ def clean_run(**over):
 
 
 def proof(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE) -> matrix.Proof:
-    return matrix.judge(defects, good_runs() if runs is None else runs, clean or clean_run(), NEEDS,
+    return matrix.build_proof(defects, good_runs() if runs is None else runs, clean or clean_run(), NEEDS,
                         has_cuda, complete)
 
 
-def judge(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE) -> matrix.Verdict:
-    return proof(runs, clean, has_cuda, complete, defects).verdict
+def judge(runs=None, clean=None, has_cuda=False, complete=True, defects=FAKE) -> matrix.Judgement:
+    return proof(runs, clean, has_cuda, complete, defects).judgement
 
 
 def test_all_red_where_named_and_green_on_the_clean_tree_passes_and_cuda_is_skipped_not_failed():
@@ -51,13 +52,13 @@ def test_all_red_where_named_and_green_on_the_clean_tree_passes_and_cuda_is_skip
 
 
 @pytest.mark.parametrize("change, problem", [
-    (lambda r: r["stale-drafts"].gates["combine"].update(status=GREEN), "stale-drafts: gate combine is green, expected red"),
-    (lambda r: r["stale-drafts"].gates["combine"].update(status=matrix.ERROR), "gate combine is error, expected red"),
+    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", GREEN), "stale-drafts: gate combine is green, expected red"),
+    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", matrix.ERROR), "gate combine is error, expected red"),
     (lambda r: r["stale-drafts"].gates.pop("combine"), "gate combine is not run, expected red"),
     (lambda r: r.update({"stale-drafts": TreeRun("stale-drafts", STALE, detail="hunk 1 matches nowhere")}),
      "stale-drafts: stale, the patch no longer applies (hunk 1 matches nowhere); re-seed it"),
     (lambda r: r.update({"stale-drafts": TreeRun("stale-drafts", TIMEOUT)}), "stale-drafts: timeout"),
-    (lambda r: r["prefill-proposes-nothing"].gates["lossless"].update(status=RED),
+    (lambda r: setattr(r["prefill-proposes-nothing"].gates["lossless"], "status", RED),
      "prefill-proposes-nothing: claimed token-invisible, but lossless is red"),
     (lambda r: r.pop("resample-from-p"), "resample-from-p: not run"),
 ])
@@ -87,7 +88,7 @@ def test_with_cuda_a_cuda_gate_must_be_red_and_proven():
     v = judge(runs, clean=clean_run(no_sync=GREEN), has_cuda=True)
     assert "host-sync-in-device-step: gate no-sync is green, expected red" in v.problems
     assert "gate no-sync (cuda) is proven against no defect" in v.problems
-    runs["host-sync-in-device-step"].gates["no-sync"]["status"] = RED
+    runs["host-sync-in-device-step"].gates["no-sync"].status = RED
     assert judge(runs, clean=clean_run(no_sync=GREEN), has_cuda=True).exit_status == 0
 
 
@@ -100,7 +101,7 @@ def test_a_token_changing_defect_lossless_missed_is_noted_not_failed():
 
 def test_the_matrix_marks_expected_cells_and_broken_ones():
     runs = good_runs()
-    runs["stale-drafts"].gates["combine"]["status"] = GREEN
+    runs["stale-drafts"].gates["combine"].status = GREEN
     p = proof(runs)
     table = {r[0]: dict(zip(matrix.rows(p)[0], r)) for r in matrix.rows(p)[1:]}
     assert table["stale-drafts"]["combine"] == "● green ✗" and table["stale-drafts"]["run"] == "FAILED"
@@ -114,10 +115,10 @@ def test_the_matrix_marks_expected_cells_and_broken_ones():
 
 def test_gate_seconds_add_up_over_the_trees_slowest_first():
     runs = good_runs()
-    runs["stale-drafts"].gates["combine"]["seconds"] = 3.0
-    runs["resample-from-p"].gates["lossless"]["seconds"] = 40.0
+    runs["stale-drafts"].gates["combine"].seconds = 3.0
+    runs["resample-from-p"].gates["lossless"].seconds = 40.0
     clean = clean_run()
-    clean.gates["lossless"]["seconds"] = 39.0
+    clean.gates["lossless"].seconds = 39.0
     times = matrix.gate_seconds(runs, clean)
     assert list(times)[0] == "lossless" and times["lossless"] == {"runs": 4, "seconds": 79.0}
     assert "no-sync" not in times  # skipped everywhere

@@ -1,12 +1,12 @@
-"""Acceptance counters (engine/metrics.py) and the per-step trace record (engine/trace.py), on
+"""Acceptance counters (engine/bench/metrics.py) and the per-step trace record (engine/trace.py), on
 hand-built inputs so every field is exact."""
 import pytest
 import torch
 
-from engine.metrics import Acceptance
+from engine.bench.metrics import Acceptance
 from engine.request import Request, RequestStats
 from engine.policy import ASYNC, SYNC
-from engine.runner import StepOutput
+from engine.step_io import StepOutputs
 from engine.sampling import SamplingParams
 from engine.step_plan import RowPlan, StepPlan
 from engine.step_result import StepResult
@@ -57,15 +57,15 @@ def step(is_async: bool, arm: str, num_rows: int):
     rows += [RowPlan(request=None, slot=2 + i, is_prefill=False, spec_width=0, token_ids=[0], positions=[0],
                      seq_len=1, num_logits=1, block_table=[2]) for i in range(pad)]
     plan = StepPlan(step=7, arm=arm, rows=rows, max_context_len=8)
-    inputs = {"input_ids": torch.tensor([1, 2, 3, 40, 41, 42] + [0] * pad),
-              "positions": torch.tensor([0, 1, 2, 5, 6, 7] + [0] * pad),
-              "seq_lens": torch.tensor([3, 8] + [1] * pad),
-              "query_start_loc": torch.tensor([0, 3, 6] + [6 + i + 1 for i in range(pad)]),
-              "cu_num_logits": torch.tensor([0, 1, 4] + [4 + i + 1 for i in range(pad)]),
-              "logits_indices": torch.tensor([2, 3, 4, 5] + [6 + i for i in range(pad)]),
-              "draft_token_ids": torch.tensor([[0, 0], [41, 42]] + [[0, 0]] * pad)}
-    out = StepOutput(torch.zeros(num_rows, 3, dtype=torch.long), torch.zeros(num_rows, dtype=torch.long),
-                     torch.zeros(num_rows, dtype=torch.long), inputs)
+    out = StepOutputs(torch.zeros(num_rows, 3, dtype=torch.long), torch.zeros(num_rows, dtype=torch.long),
+                      torch.zeros(num_rows, dtype=torch.long),
+                      input_ids=torch.tensor([1, 2, 3, 40, 41, 42] + [0] * pad),
+                      positions=torch.tensor([0, 1, 2, 5, 6, 7] + [0] * pad),
+                      seq_lens=torch.tensor([3, 8] + [1] * pad),
+                      query_start_loc=torch.tensor([0, 3, 6] + [6 + i + 1 for i in range(pad)]),
+                      cu_num_logits=torch.tensor([0, 1, 4] + [4 + i + 1 for i in range(pad)]),
+                      logits_indices=torch.tensor([2, 3, 4, 5] + [6 + i for i in range(pad)]),
+                      draft_token_ids=torch.tensor([[0, 0], [41, 42]] + [[0, 0]] * pad))
     # each row: k + 1 sampled (accepted drafts, then the correction/bonus; -1 after), num_accepted, num_draft
     results = StepResult.unpack([[9, -1, -1, 0, 0], [41, 77, -1, 1, 2]] + [[5, -1, -1, 0, 0]] * pad)
     return trace_step(plan, out, results, (ASYNC if is_async else SYNC).route)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mutants import mutation_results, mutation_run, mutation_stage
-from mutants.mutation_report import summarise
+from mutants.mutation import results, run as mutation_run, stage
+from mutants.mutation.report import summarise
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,10 +83,10 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     stale_test = staging / "mutants" / "tests" / "test_removed.py"
     stale_test.parent.mkdir(parents=True)
     stale_test.write_text("")
-    mutation_stage.stage(staging)
+    stage.stage(staging)
     assert (staging / "engine" / "runner.py").exists() and (staging / "mutation_plugin.py").exists()
     assert (staging / "tests" / "test_engine.py").exists()
-    assert not any((staging / "tests" / t).exists() for t in mutation_stage.UNSTAGED_TESTS)
+    assert not any((staging / "tests" / t).exists() for t in stage.UNSTAGED_TESTS)
     assert cached.exists(), "mutmut's cache was removed"
     assert not stale_test.exists(), "a removed test lingers in mutmut's working copy"
     # A staged test that imports our mutants/ package (or a test of it) at collection would stop
@@ -97,15 +97,15 @@ def test_staging_holds_the_suite_and_never_our_mutants_package(tmp_path):
     assert not (staging / "mutants" / "catalogue.py").exists()
     config = tomllib.loads((staging / "pyproject.toml").read_text())["tool"]["mutmut"]
     assert config["source_paths"] == ["engine", "gates"] and "mutants" not in config["also_copy"]
-    assert config["only_mutate"] == ["engine/*", *mutation_stage.MUTATED_GATES] and "gates" not in config["also_copy"]
-    assert all((REPO / path).is_file() for path in mutation_stage.MUTATED_GATES)
+    assert config["only_mutate"] == ["engine/*", *stage.MUTATED_GATES] and "gates" not in config["also_copy"]
+    assert all((REPO / path).is_file() for path in stage.MUTATED_GATES)
     assert config["timeout_multiplier"] < 15, "mutmut's default lets a hung mutant hold a core for long"
 
 
 def test_staging_config_selects_existing_tests_and_deselects_real_ones():
-    for path in mutation_stage.SUITE:
+    for path in stage.SUITE:
         assert (REPO / path).exists(), path
-    for node in mutation_stage.DESELECTED:
+    for node in stage.DESELECTED:
         file, name = node.split("::")
         assert f"def {name}(" in (REPO / file).read_text(), node
 
@@ -124,7 +124,7 @@ def test_the_suite_s_test_ids_survive_a_second_collection_in_one_process():
         for _ in range(2):
             ids = Ids()
             with contextlib.redirect_stdout(io.StringIO()):
-                pytest.main(["--collect-only", "-p", "gates.plugin", *{list(mutation_stage.SUITE)!r}], plugins=[ids])
+                pytest.main(["--collect-only", "-p", "gates.plugin", *{list(stage.SUITE)!r}], plugins=[ids])
             runs.append(ids.ids)
         json.dump(runs, sys.stdout)""")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
@@ -166,7 +166,7 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path, capsys)
     assert (rc, stopped) == (0, False), (tmp_path / "mutmut.log").read_text()[-2000:]
     progress = capsys.readouterr().err  # not a terminal: progress as lines, the last at the end
     assert re.search(r"mutate: (\d+)/\1 mutants checked: \d+ killed", progress), progress
-    records = mutation_results.read_results([], {}, staging)
+    records = results.read_results([], {}, staging)
     by_function = {}
     for r in records:
         by_function.setdefault(r.function, set()).add(r.status)
@@ -181,25 +181,25 @@ def test_a_real_mutmut_run_is_read_back_as_killed_and_survived(tmp_path, capsys)
 
 def test_a_changed_suite_resets_every_cached_verdict_but_kills(tmp_path):
     staging = tmp_path / "staging"
-    assert mutation_stage.stage(staging) == 0
+    assert stage.stage(staging) == 0
     meta = staging / "mutants" / "engine" / "verify.py.meta"
     meta.parent.mkdir(parents=True, exist_ok=True)
     meta.write_text(json.dumps({"exit_code_by_key": {"killed": 1, "survived": 0, "timeout": 36, "new": None},
                                 "durations_by_key": {"killed": 0.5, "survived": 9.0}}))
-    assert mutation_stage.stage(staging) == 0, "an unchanged suite must keep the cache"
-    assert mutation_results.cached_verdicts([], staging) == {"killed": 0.5, "survived": 9.0, "timeout": None}
-    assert mutation_results.cached_verdicts(["surv*"], staging) == {"survived": 9.0}
+    assert stage.stage(staging) == 0, "an unchanged suite must keep the cache"
+    assert results.cached_verdicts([], staging) == {"killed": 0.5, "survived": 9.0, "timeout": None}
+    assert results.cached_verdicts(["surv*"], staging) == {"survived": 9.0}
     (staging / "suite.sha256").write_text("an older suite")
-    assert mutation_stage.stage(staging) == 2
+    assert stage.stage(staging) == 2
     assert json.loads(meta.read_text())["exit_code_by_key"] == {"killed": 1, "survived": None, "timeout": None,
                                                                "new": None}
-    assert mutation_results.cached_verdicts([], staging) == {"killed": 0.5}  # the run's speed counts the other three
+    assert results.cached_verdicts([], staging) == {"killed": 0.5}  # the run's speed counts the other three
 
 
 def test_the_plugin_runs_bounded_tests_first_then_the_fastest(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from mutants import mutation_plugin
+    from mutants.mutation import plugin as mutation_plugin
 
     def item(nodeid, bounded=False):
         return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: object() if bounded else None)
@@ -221,7 +221,7 @@ def test_a_child_that_dies_holding_tqdm_s_lock_does_not_hang_the_next(monkeypatc
 
     import tqdm as tqdm_module
 
-    from mutants import mutation_plugin
+    from mutants.mutation import plugin as mutation_plugin
 
     def child(body) -> int:
         pid = os.fork()

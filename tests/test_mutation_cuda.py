@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from mutants import mutation_results, mutation_run
+from mutants.mutation import results, run as mutation_run
 from test_mutation_shards import make_staging  # the two-function package staged for a real mutmut run
 
 # A test that records, for each process it runs in, its pid, its parent's pid and what mutmut runs
@@ -30,7 +30,7 @@ def test_a_mutant_child_that_cannot_use_cuda_refuses_to_judge(monkeypatch, error
     import torch
     from tqdm import tqdm
 
-    from mutants import mutation_plugin
+    from mutants.mutation import plugin as mutation_plugin
     monkeypatch.setattr(tqdm, "_lock", tqdm.get_lock())  # the clean configure below gives tqdm a lock of its own
 
     def cuda_cannot_start():
@@ -51,7 +51,7 @@ def test_a_cuda_run_forks_its_children_from_a_process_that_ran_no_test(tmp_path,
     parent that ran a test, while under the CPU staging's `fork` the clean tests run in the very
     process every child forks from (the negative control, and why a CUDA test there left no child
     able to start CUDA). The verdicts are the same either way."""
-    from mutants.mutation_stage import CUDA_SUITE, SUITE, staging_config
+    from mutants.mutation.stage import CUDA_SUITE, SUITE, staging_config
     assert tomllib.loads(staging_config(CUDA_SUITE))["tool"]["mutmut"]["process_isolation"] == "forkserver"
     assert tomllib.loads(staging_config(SUITE))["tool"]["mutmut"]["process_isolation"] == "fork"
     verdicts, parents_that_ran_tests = {}, {}
@@ -64,7 +64,7 @@ def test_a_cuda_run_forks_its_children_from_a_process_that_ran_no_test(tmp_path,
         log = tmp_path / f"{isolation}-processes.txt"
         monkeypatch.setenv("WHO_RAN", str(log))
         assert mutation_run.run_mutmut([], 1, tmp_path / f"{isolation}.log", staging) == (0, False)
-        verdicts[isolation] = {r.name: r.status for r in mutation_results.read_results([], {}, staging)}
+        verdicts[isolation] = {r.name: r.status for r in results.read_results([], {}, staging)}
         rows = [line.split(" ", 2) for line in log.read_text().splitlines()]
         ran_tests = {pid for pid, _, mutant in rows if "__mutmut_" not in mutant}
         mutant_parents = {parent for _, parent, mutant in rows if "__mutmut_" in mutant}

@@ -1,4 +1,4 @@
-"""The report side of `specgate mutate` (mutants/mutation_report.py), on hand-built mutmut records:
+"""The report side of `specgate mutate` (mutants/mutation/report.py), on hand-built mutmut records:
 counts and both scores by their formulas (a timeout is a run failure, never a kill), locating a
 mutant in the original file (function and indented method), the Stryker report against our schema
 (and a broken one against it: the negative control), the Markdown survivor list, and the files.
@@ -13,10 +13,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mutants.mutation_diff import locate, mutator_name
-from mutants.mutation_report import STATUSES, MutantRecord, markdown, score_line, stryker_report, summarise, write_reports
+from mutants.mutation.diff import locate, mutator_name
+from mutants.mutation.report import markdown, score_line, stryker_report, summarise, write_reports
+from mutants.mutation.record import MutantRecord, STATUSES
 
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "mutants" / "mutation-testing-report.schema.json")
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "mutants" / "mutation" / "mutation-testing-report.schema.json")
                     .read_text())
 
 VERIFY = '''"""Sample verify."""
@@ -231,7 +232,7 @@ def test_stryker_report_validates_and_maps_statuses(records):
     for r in records:  # short ids in coveredBy, resolved through testFiles to each mutant's own tests
         assert sorted(node_of[t] for t in mutants[r.name].get("coveredBy", [])) == sorted(r.covered_by)
     assert report["files"]["engine/runner.py"]["source"] == RUNNER
-    assert (Path(report["projectRoot"]) / "mutants" / "mutation_report.py").is_file()
+    assert (Path(report["projectRoot"]) / "mutants" / "mutation" / "report.py").is_file()
 
 
 @pytest.mark.parametrize("break_it", [

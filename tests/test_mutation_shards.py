@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml  # PyYAML, pinned in requirements-dev.txt
 
-from mutants import mutation_merge, mutation_ratchet, mutation_results, mutation_run, mutation_shard
-from mutants.mutation_report import write_reports
-from mutants.mutation_results import Equivalent
+from mutants.mutation import merge as mutation_merge, ratchet, results, run as mutation_run, shard as mutation_shard
+from mutants.mutation.report import write_reports
+from mutants.mutation.results import Equivalent
 
 REPO = Path(__file__).resolve().parent.parent
 CALC = ("def add(a, b):\n    return a + b\n\n\n"
@@ -63,7 +63,7 @@ def test_reviewed_mutants_are_not_re_run_only_while_their_function_is_unchanged(
 def _shard_report(staging: Path, names: list[str], out: Path, index: int, count: int, digest: str, total: int) -> None:
     rc, stopped = mutation_run.run_mutmut(names, 1, out.parent / f"mutmut-{index}.log", staging)
     assert (rc, stopped) == (0, False), (out.parent / f"mutmut-{index}.log").read_text()[-2000:]
-    records = mutation_results.read_results([], {}, staging, names=set(names))
+    records = results.read_results([], {}, staging, names=set(names))
     write_reports(out, records, {"engine/calc.py": CALC}, {"mode": "shard", "shard": f"{index}/{count}",
                                                            "listing_digest": digest, "mutants_in_scope": total})
 
@@ -73,19 +73,19 @@ def test_merged_shards_give_the_verdicts_of_one_run(tmp_path):
     a staging folder of its own, as on two CI machines); the merged verdicts are the one run's."""
     single = make_staging(tmp_path / "single")
     assert mutation_run.run_mutmut([], 1, tmp_path / "single.log", single) == (0, False)
-    one_run = {r.name: r.status for r in mutation_results.read_results([], {}, single)}
+    one_run = {r.name: r.status for r in results.read_results([], {}, single)}
     assert set(one_run.values()) == {"killed", "survived", "no tests"}
     listing = mutation_shard.list_mutants(make_staging(tmp_path / "listing"))
     assert sorted(listing) == sorted(one_run), "the listing names exactly mutmut's mutants"
     lines = mutation_shard.mutated_lines(tmp_path / "listing")
-    records = mutation_results.read_results([], {}, single)
-    assert lines == {r.name: mutation_results.mutated_line(r.diff) for r in records}, "the line mutmut's diff adds"
+    records = results.read_results([], {}, single)
+    assert lines == {r.name: results.mutated_line(r.diff) for r in records}, "the line mutmut's diff adds"
     assert "def scale(x, k=4):" in lines.values(), "a mutant of the def line, named as in the source"
     eq = {name: Equivalent(name, line, "reviewed") for name, line in lines.items()}
-    assert mutation_ratchet.stale_equivalents([], eq, False, lines=lines) == []
+    assert ratchet.stale_equivalents([], eq, False, lines=lines) == []
     renumbered, gone = sorted(lines)[0], "engine.calc.x_add__mutmut_999"
     eq[renumbered], eq[gone] = Equivalent(renumbered, "return a", "reviewed"), Equivalent(gone, "x", "reviewed")
-    assert mutation_ratchet.stale_equivalents([], eq, False, lines=lines) == [
+    assert ratchet.stale_equivalents([], eq, False, lines=lines) == [
         f"{renumbered}: listed as equivalent for `return a`, but it now mutates `{lines[renumbered]}`",
         f"{gone}: listed as equivalent, but no such mutant"]
     digest = mutation_shard.listing_digest(listing)
@@ -135,7 +135,7 @@ def test_a_shard_that_restores_its_cache_tests_only_mutants_without_a_verdict(tm
 
 
 def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
-    from mutants.mutation_report import MutantRecord
+    from mutants.mutation.record import MutantRecord
     diff = "--- engine/calc.py\n+++ engine/calc.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
 
     def rec(name, status):
@@ -166,8 +166,8 @@ def test_a_cuda_only_report_replaces_the_cpu_verdicts_it_tested(tmp_path):
 
 
 def test_a_cuda_only_entry_killed_on_cuda_is_its_verdict_and_any_other_kill_is_stale():
-    from mutants.mutation_ratchet import stale_equivalents
-    from mutants.mutation_report import MutantRecord
+    from mutants.mutation.ratchet import stale_equivalents
+    from mutants.mutation.record import MutantRecord
     diff = "--- engine/calc.py\n+++ engine/calc.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
     eqs = {"gpu": Equivalent("gpu", "return 2", "CUDA-only: the pinned host buffer"),
            "cpu": Equivalent("cpu", "return 2", "the result is rounded away")}
@@ -196,7 +196,7 @@ def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
     module and the gates, and every path in it exists."""
     import tomllib
 
-    from mutants.mutation_stage import CUDA_STAGING, CUDA_SUITE, STAGING, SUITE, stage
+    from mutants.mutation.stage import CUDA_STAGING, CUDA_SUITE, STAGING, SUITE, stage
     assert CUDA_STAGING != STAGING and CUDA_STAGING.parent == STAGING.parent
     assert CUDA_SUITE[:3] == ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_sync.py")
     assert set(CUDA_SUITE[3:]) == set(SUITE) - {"tests"} and "gates/no_sync.py" not in SUITE
@@ -212,7 +212,7 @@ def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
 def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     import argparse
 
-    from mutants.mutate import add_mutate_parser
+    from mutants.mutation.mutate import add_mutate_parser
     workflow = yaml.safe_load((REPO / ".github" / "workflows" / "mutation.yml").read_text())
     jobs = workflow["jobs"]
     shards = jobs["shard"]["strategy"]["matrix"]["shard"]
@@ -261,7 +261,7 @@ def test_merge_refuses_a_folder_that_is_not_a_report(tmp_path, capsys):
 
 
 def test_a_listed_run_fails_on_an_entry_the_listing_contradicts_even_untested(tmp_path):
-    from mutants.mutate import _report
+    from mutants.mutation.mutate import _report
     run = {"wall_s": 1.0, "from_cache": 0, "complete": False, "mode": "shard", "shard": "1/2"}
     eqs = {"engine.calc.x_add__mutmut_9": Equivalent("engine.calc.x_add__mutmut_9", "return a", "reviewed")}
     stale = "engine.calc.x_add__mutmut_9: listed as equivalent, but no such mutant"
@@ -296,26 +296,26 @@ def test_a_failed_listing_says_so_and_leaves_no_listing_process_running(tmp_path
 def test_functions_new_since_the_stats_were_collected_drop_them_and_their_no_tests_verdicts(tmp_path):
     """Real mutmut 3.8: a function added after the stats were collected has no tests in mutmut's
     map; dropping the stats (and the `no tests` verdicts they gave) lets the next run map it."""
-    from mutants.mutation_stage import drop_stale_stats, record_stats_functions
+    from mutants.mutation.stage import drop_stale_stats, record_stats_functions
     staging = make_staging(tmp_path / "staging")
     assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == (0, False)
     functions = {n.rpartition("__mutmut_")[0] for n in mutation_shard.list_mutants(staging)}
     assert drop_stale_stats(staging, functions) == 0, "no record yet: the stats stand"
     record_stats_functions(staging, functions)
     assert drop_stale_stats(staging, functions) == 0 and (staging / "mutants" / "mutmut-stats.json").exists()
-    verdicts = mutation_results.cached_verdicts([], staging)
-    no_tests = {r.name for r in mutation_results.read_results([], {}, staging) if r.status == "no tests"}
+    verdicts = results.cached_verdicts([], staging)
+    no_tests = {r.name for r in results.read_results([], {}, staging) if r.status == "no tests"}
     assert no_tests, "calc's scale has no test"
     assert drop_stale_stats(staging, functions | {"engine.calc.x_new"}) == 1
     assert not (staging / "mutants" / "mutmut-stats.json").exists()
-    assert set(mutation_results.cached_verdicts([], staging)) == set(verdicts) - no_tests
+    assert set(results.cached_verdicts([], staging)) == set(verdicts) - no_tests
 
 
 def test_a_suite_that_gains_a_test_file_keeps_its_kills_and_judges_the_rest_again(tmp_path):
     """Real mutmut 3.8: a changed test selection (the CUDA suite gained the no-sync gate) would make
     mutmut reset every verdict itself; after forget_suite a kill is kept, not re-run, and the new
     file's tests are mapped, so the mutants they cover are killed."""
-    from mutants.mutation_stage import forget_suite
+    from mutants.mutation.stage import forget_suite
     staging = make_staging(tmp_path / "staging")
     config = staging / "pyproject.toml"
     config.write_text(config.read_text().replace('["tests"]', '["tests/test_calc.py"]'))
@@ -325,7 +325,7 @@ def test_a_suite_that_gains_a_test_file_keeps_its_kills_and_judges_the_rest_agai
     kill = next(n for n, code in meta["exit_code_by_key"].items() if code == 1 and "x_add" in n)
     meta["durations_by_key"][kill] = 4321.0  # a re-run would overwrite it
     meta_path.write_text(json.dumps(meta))
-    assert {r.status for r in mutation_results.read_results([], {}, staging) if "x_scale" in r.name} == {"no tests"}
+    assert {r.status for r in results.read_results([], {}, staging) if "x_scale" in r.name} == {"no tests"}
     (staging / "tests" / "test_scale.py").write_text(
         "from engine.calc import scale\n\n\ndef test_scale():\n    assert scale(2) == 6\n")
     config.write_text(config.read_text().replace('["tests/test_calc.py"]',
@@ -334,7 +334,7 @@ def test_a_suite_that_gains_a_test_file_keeps_its_kills_and_judges_the_rest_agai
     assert mutation_run.run_mutmut([], 1, tmp_path / "second.log", staging) == (0, False)
     meta = json.loads(meta_path.read_text())
     assert (meta["exit_code_by_key"][kill], meta["durations_by_key"][kill]) == (1, 4321.0), "the kill was re-run"
-    assert {r.status for r in mutation_results.read_results([], {}, staging) if "x_scale" in r.name} == {"killed"}
+    assert {r.status for r in results.read_results([], {}, staging) if "x_scale" in r.name} == {"killed"}
 
 
 def test_a_run_stopped_at_its_time_limit_leaves_no_process_and_the_next_run_resumes(tmp_path):
@@ -345,7 +345,7 @@ def test_a_run_stopped_at_its_time_limit_leaves_no_process_and_the_next_run_resu
     assert stopped and rc != 0
     assert _processes_working_in(staging) == [], "the stopped run left a process behind"
     assert mutation_run.run_mutmut([], 1, tmp_path / "resumed.log", staging, time_limit=600) == (0, False)
-    assert {r.status for r in mutation_results.read_results([], {}, staging)} == {"killed", "survived", "no tests"}
+    assert {r.status for r in results.read_results([], {}, staging)} == {"killed", "survived", "no tests"}
 
 
 @pytest.mark.parametrize("meta", ["missing", "older"])
@@ -356,7 +356,7 @@ def test_a_mutant_file_left_half_written_by_a_stop_is_written_again_with_its_ver
     keeps the verdicts."""
     staging = make_staging(tmp_path / "staging")
     assert mutation_run.run_mutmut([], 1, tmp_path / "first.log", staging) == (0, False)
-    verdicts = {r.name: r.status for r in mutation_results.read_results([], {}, staging)}
+    verdicts = {r.name: r.status for r in results.read_results([], {}, staging)}
     mutant_file = staging / "mutants" / "engine" / "calc.py"
     meta_path = mutant_file.with_name("calc.py.meta")
     saved = meta_path.read_text()
@@ -366,7 +366,7 @@ def test_a_mutant_file_left_half_written_by_a_stop_is_written_again_with_its_ver
     else:  # a rewrite stopped after an earlier run's .meta
         os.utime(meta_path, ns=(mutant_file.stat().st_mtime_ns - 10**9,) * 2)
     assert mutation_run.run_mutmut([], 1, tmp_path / "second.log", staging) == (0, False)
-    assert {r.name: r.status for r in mutation_results.read_results([], {}, staging)} == verdicts
+    assert {r.name: r.status for r in results.read_results([], {}, staging)} == verdicts
     if meta == "older":  # the verdicts came from the old .meta, not from testing again (that rewrites the times)
         assert json.loads(meta_path.read_text())["durations_by_key"] == json.loads(saved)["durations_by_key"]
 

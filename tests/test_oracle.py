@@ -2,23 +2,23 @@
 are the plain run's; it hits the asked mean acceptance length τ; and the engine refuses it
 without a script, with a τ it cannot hit, and for prompts the script does not hold.
 
-The τ check is statistical. The statistic: τ̂ = 1 + accepted / drafts (engine/metrics.py), the
+The τ check is statistical. The statistic: τ̂ = 1 + accepted / drafts (engine/bench/metrics.py), the
 mean over the N verify steps of T = tokens emitted in the step. Every step drafts k tokens
 (the script holds max_tokens + k of each continuation) and looks at positions no earlier step
 looked at, each corrupted independently with probability 1 - a, so the T are independent draws
 of a truncated geometric law with mean τ and standard deviation σ_T
-(engine/oracle.py:tokens_per_step_moments). Test: a two-sided z-test on the mean (central limit),
+(engine/bench/oracle.py:tokens_per_step_moments). Test: a two-sided z-test on the mean (central limit),
 |τ̂ - τ| <= Z·σ_T/√N with Z = 4 (false alarm about 6e-5). Negative control: a run asking for a τ
 one token higher lands outside the same band."""
 import pytest
 import torch
 
 from engine import SamplingParams
-from engine.bench import oracle_script
+from engine.bench.legs import oracle_script
 from engine.errors import RequestError, SpecgateError
-from engine.metrics import Acceptance
-from engine.oracle import OracleScript, acceptance_for_tau, tokens_per_step_moments
-from engine.workload import Workload
+from engine.bench.metrics import Acceptance
+from engine.bench.oracle import OracleScript, acceptance_for_tau, oracle_proposer, tokens_per_step_moments
+from engine.bench.workload import Workload
 
 from conftest import TensorCopies  # tests/conftest.py
 
@@ -28,7 +28,7 @@ Z = 4.0
 
 @pytest.fixture(scope="module")
 def workload(corpus):
-    from engine.bench import heldout_workload
+    from engine.bench.legs import heldout_workload
     prompts = heldout_workload(corpus, 8, prompt_chars=60, max_tokens=1).prompts
     return Workload(prompts, max_tokens=(96, 40, 120, 64, 100, 24, 88, 110),
                     arrival_steps=(0, 0, 2, 5, 0, 9, 3, 1))
@@ -46,7 +46,7 @@ def plain(make_llm, workload):
 def run_oracle(make_llm, workload, plain, tau, **kwargs):
     llm, _ = plain
     kwargs.setdefault("max_num_seqs", 4)
-    oracle = make_llm(spec="oracle", num_spec_tokens=K, oracle=oracle_script(llm, workload, K, tau), **kwargs)
+    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, workload, K, tau)), **kwargs)
     outs = oracle.generate(workload.prompt_list(), workload.params(ignore_eos=True),
                            arrival_steps=workload.arrivals())
     acc = Acceptance()
@@ -110,21 +110,21 @@ def test_acceptance_solves_the_geometric_sum():
 @pytest.mark.parametrize("tau", [0.99, K + 1.01, 0.0, 7.0])
 def test_tau_outside_one_to_k_plus_one_is_refused(make_llm, tau):
     with pytest.raises(SpecgateError, match=r"\[1, k\+1\]"):
-        make_llm(spec="oracle", num_spec_tokens=K, oracle=OracleScript(tau, {}))
+        make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(OracleScript(tau, {})))
 
 
 def test_oracle_outside_the_bench_is_refused(make_llm, target_dir):
-    with pytest.raises(SpecgateError, match="benchmarks only.*OracleScript"):
+    with pytest.raises(SpecgateError, match="benchmarks only.*oracle_proposer"):
         make_llm(spec="oracle")
     with pytest.raises(SpecgateError, match="only with spec='oracle'"):
-        make_llm(spec="ngram", oracle=OracleScript(2.0, {}))
+        make_llm(spec="ngram", proposer=oracle_proposer(OracleScript(2.0, {})))
     with pytest.raises(SpecgateError, match="plain run of /elsewhere"):
-        make_llm(spec="oracle", oracle=OracleScript(2.0, {}, model="/elsewhere"))
+        make_llm(spec="oracle", proposer=oracle_proposer(OracleScript(2.0, {}, model="/elsewhere")))
 
 
 def test_prompts_the_script_cannot_replay_are_refused(make_llm):
     script = OracleScript(2.5, {(10, 11, 12): tuple(range(20, 40))})
-    llm = make_llm(spec="oracle", num_spec_tokens=K, oracle=script)
+    llm = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(script))
     greedy = SamplingParams(temperature=0.0, max_tokens=16)
     with pytest.raises(RequestError, match="not in the oracle script"):
         llm.generate([[10, 11, 12], [10, 11, 13]], greedy)
@@ -196,7 +196,7 @@ def test_two_requests_with_one_prompt_draw_their_own_coins(make_llm, workload, p
     it), not by its prompt alone: the same prompt twice is corrupted at other positions."""
     llm, _ = plain
     twice = Workload((workload.prompts[0],) * 2, max_tokens=(96, 96))
-    oracle = make_llm(spec="oracle", num_spec_tokens=K, oracle=oracle_script(llm, twice, K, 2.5), max_num_seqs=2)
+    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, twice, K, 2.5)), max_num_seqs=2)
     outs = oracle.generate(twice.prompt_list(), twice.params(ignore_eos=True))
     assert outs[0].token_ids == outs[1].token_ids  # lossless: the same tokens
     assert outs[0].stats.accepted_per_position != outs[1].stats.accepted_per_position
@@ -206,7 +206,7 @@ def test_admission_queues_its_copies_without_a_host_wait():
     """The async runner admits a request while the device still runs the step before: each of
     admission's three copies (sequence, length, key) into the device tables is non-blocking, so
     on CUDA it is queued from pinned memory rather than waited for. The rows land as written."""
-    from engine.oracle import OracleProposer
+    from engine.bench.oracle import OracleProposer
     script = OracleScript(2.5, {(10, 11, 12): tuple(range(20, 40))})
     oracle = OracleProposer(script, k=K, num_slots=2, max_len=8, vocab_size=260, device="cpu")
     with TensorCopies() as copies:

@@ -1,4 +1,4 @@
-"""The oracle's parts without an engine run (engine/oracle.py): the acceptance it solves for and
+"""The oracle's parts without an engine run (engine/bench/oracle.py): the acceptance it solves for and
 the moments of T, its hashes (pinned: every earlier oracle measurement corrupted these drafts),
 the drafts it proposes for a request near and past the end of its known sequence, and its
 refusals, word for word. tests/test_oracle.py runs it in the engine."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.errors import SpecgateError
-from engine.oracle import (MASK32, OracleProposer, OracleScript, _mix32, acceptance_for_tau, corrupted,
-                           oracle_refusal, request_key32, tokens_per_step_moments)
+from engine.bench.oracle import (MASK32, OracleProposer, OracleScript, _mix32, acceptance_for_tau, corrupted,
+                           oracle_proposer, request_key32, tokens_per_step_moments)
 from engine.proposers import ProposeInput
 from engine.tokenizer import PAD_ID
 
@@ -105,7 +105,7 @@ def test_the_corruption_pattern_is_the_requests_rng_keys_not_its_slots():
 def test_the_oracles_rows_are_the_runners_state_slots(make_llm):
     """One row per state slot and position of the runner's (max_num_seqs, the padding rows'
     slot, and the positions a request's last verify step drafts past max_model_len)."""
-    llm = make_llm(spec="oracle", num_spec_tokens=4, oracle=OracleScript(2.5, {}), max_num_seqs=3)
+    llm = make_llm(spec="oracle", num_spec_tokens=4, proposer=oracle_proposer(OracleScript(2.5, {})), max_num_seqs=3)
     assert llm.runner.proposer.sequence.shape == llm.runner.state.token_ids.shape
 
 
@@ -119,12 +119,16 @@ def test_a_script_records_its_target_folder_and_refuses_a_tau_that_is_no_number(
         OracleScript(True)
 
 
-def test_each_oracle_refusal_word_for_word():
-    assert oracle_refusal("oracle", None) == (
-        "spec='oracle' is for benchmarks only: it replays the target's own greedy continuation, an OracleScript "
-        "that `specgate bench --spec oracle --oracle-tau T` builds from a plain run of the same workload "
-        "(LLM(..., spec='oracle', oracle=OracleScript...)); none was given")
-    assert oracle_refusal("ngram", OracleScript(2.0)) == \
-        "an oracle script was given with spec='ngram'; it is used only with spec='oracle'"
-    assert oracle_refusal("oracle", {"tau": 2.0}) == "oracle must be an OracleScript, got dict"
-    assert oracle_refusal("oracle", OracleScript(2.0)) is None and oracle_refusal(None, None) is None
+def test_each_oracle_refusal_word_for_word(make_llm):
+    with pytest.raises(SpecgateError) as e:
+        make_llm(spec="oracle")
+    assert str(e.value) == (
+        "spec='oracle' is for benchmarks only and needs proposer=<a factory>: the oracle replays the target's own "
+        "greedy continuation (LLM(..., spec='oracle', proposer=engine.bench.oracle.oracle_proposer(script)), "
+        "built by `specgate bench --spec oracle`)")
+    with pytest.raises(SpecgateError) as e:
+        make_llm(spec="ngram", proposer=oracle_proposer(OracleScript(2.0)))
+    assert str(e.value) == "a proposer factory was given with spec='ngram'; it is used only with spec='oracle'"
+    with pytest.raises(SpecgateError) as e:
+        oracle_proposer({"tau": 2.0})
+    assert str(e.value) == "the oracle needs an OracleScript, got dict"

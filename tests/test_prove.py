@@ -1,7 +1,7 @@
 """The seeded-defect catalogue and `specgate prove`: every patch applies exactly to this tree, a
 patch that no longer applies is reported stale, planting a defect never touches the working
 tree, and the driver plants, runs and cleans up with a stand-in for the gate runs. The matrix's
-verdict is tests/test_matrix.py's; the real gate runs are `make prove`'s job, not this suite's."""
+judgement is tests/test_matrix.py's; the real gate runs are `make prove`'s job, not this suite's."""
 import hashlib
 import json
 import re
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gates import registry
-from mutants import catalogue
-from mutants.apply import StalePatch, apply_patch, copy_tree, parse_patch, patched_files, source_files
-from mutants.catalogue import DEFECTS, Defect
-from mutants.matrix import GREEN, RED, TIMEOUT
-from mutants.prove import ProveOptions, add_prove_parser, prove, stale_check
+from mutants.proof import catalogue
+from mutants.proof.apply import StalePatch, apply_patch, copy_tree, parse_patch, patched_files, source_files
+from mutants.proof.catalogue import DEFECTS, Defect
+from mutants.proof.matrix import GREEN, RED, TIMEOUT
+from mutants.proof.prove import ProveOptions, add_prove_parser, prove, stale_check
 
 # Each runs whole gate sessions in subprocesses: left out of mutation runs.
 pytestmark = pytest.mark.slow
@@ -94,12 +94,7 @@ def test_each_defect_has_its_patch_and_every_patch_a_defect():
 def test_mutants_holds_no_mutmut_files():
     """mutmut 3 works in a folder called mutants/ too: none of its files may land in ours."""
     folder = REPO / "mutants"
-    ours = {"__init__.py", "catalogue.py", "apply.py", "matrix.py", "prove.py", "prover.py", "child_env.py",
-            "README.md", "patches", "__pycache__", "mutate.py", "mutation_stage.py", "mutation_run.py",
-            "mutation_results.py", "mutation_ratchet.py", "mutation_diff.py", "mutation_plugin.py",
-            "mutation_report.py", "viewer.py", "proof_html.py", "mutation_shard.py", "mutation_merge.py",
-            "mutation-testing-report.schema.json",
-            "equivalent-mutants.toml", "mutation-baseline.json", "cuda-run"}
+    ours = {"__init__.py", "child_env.py", "README.md", "__pycache__", "proof", "mutation"}
     assert {p.name for p in folder.iterdir()} <= ours
     assert not list(folder.rglob("*mutmut*")) and not list(folder.rglob("*.meta"))
 
@@ -251,9 +246,9 @@ def test_prove_plants_each_defect_in_a_copy_runs_in_parallel_and_cleans_up(fake_
     defects = [Defect("off-by-one", "x", ("combine",), token_invisible=True)]
     p = prove(defects, ProveOptions(jobs=2, progress=False), repo=fake_repo, cuda=False,
               command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
-    v, runs, clean = p.verdict, p.runs, p.clean
+    v, runs, clean = p.judgement, p.runs, p.clean
     assert v.exit_status == 1 and v.problems == ["gate lossless (cpu) is proven against no defect"]
-    assert {g: r["status"] for g, r in runs["off-by-one"].gates.items()} == {"lossless": GREEN, "combine": RED}
+    assert {g: r.status for g, r in runs["off-by-one"].gates.items()} == {"lossless": GREEN, "combine": RED}
     assert clean.cell("combine") == GREEN and clean.cell("lossless") == GREEN
     assert {p: p.read_bytes() for p in fake_repo.rglob("*") if p.is_file() and ".git" not in p.parts} == before
     assert list((tmp_path / "tmp").iterdir()) == []  # every temporary folder removed
@@ -263,14 +258,14 @@ def test_a_tree_that_outlives_its_timeout_fails_and_is_ended(fake_repo, tmp_path
     defects = [Defect("sleeps", "x", ("combine",))]
     p = prove(defects, ProveOptions(jobs=2, progress=False, timeout_s=2, complete=False), repo=fake_repo,
               cuda=False, command=fake_command, gate_needs={"lossless": "cpu", "combine": "cpu"})
-    v, runs = p.verdict, p.runs
+    v, runs = p.judgement, p.runs
     assert runs["sleeps"].status == TIMEOUT and "sleeps: timeout" in v.problems
     assert runs["sleeps"].seconds < 30
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_defect_runs_its_gates_plus_lossless_when_it_claims_every_token_unchanged():
-    from mutants.prove import gates_for
+    from mutants.proof.prove import gates_for
     order = [g.name for g in registry.GATES]
     assert gates_for(Defect("d", "x", ("emit-count", "combine")), order, full=False) == ["combine", "emit-count"]
     assert gates_for(Defect("d", "x", ("emit-count",), token_invisible=True), order, False) == ["lossless", "emit-count"]
@@ -280,7 +275,7 @@ def test_a_defect_runs_its_gates_plus_lossless_when_it_claims_every_token_unchan
 def test_sigterm_ends_prove_like_ctrl_c():
     import os
     import signal
-    from mutants.prove import ending_on_signals
+    from mutants.proof.prove import ending_on_signals
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         with ending_on_signals():

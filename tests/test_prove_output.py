@@ -1,8 +1,8 @@
 """What `specgate prove` shows while it runs: a line per finished tree when not on a terminal."""
 import re
 
-from mutants.catalogue import Defect
-from mutants.prove import ProveOptions, prove
+from mutants.proof.catalogue import Defect
+from mutants.proof.prove import ProveOptions, prove
 from test_prove import fake_command, fake_repo  # noqa: F401  (fake_repo is a fixture)
 
 

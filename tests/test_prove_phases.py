@@ -6,9 +6,9 @@ import os
 import sys
 import textwrap
 
-from mutants.catalogue import Defect
-from mutants.matrix import GREEN, RED
-from mutants.prove import ProveOptions, prove
+from mutants.proof.catalogue import Defect
+from mutants.proof.matrix import GREEN, RED
+from mutants.proof.prove import ProveOptions, prove
 from test_prove import fake_repo  # noqa: F401  (a fixture)
 
 TIMED_GATES = textwrap.dedent("""\
@@ -44,7 +44,7 @@ def test_timed_gates_run_alone_after_every_other_gate_and_join_their_tree(fake_r
     assert sorted(r["names"] for r in timed) == [["busy"], ["speed"], ["speed"]] and len(others) == 3
     assert min(r["start"] for r in timed) >= max(r["end"] for r in others), "a timed gate ran beside other work"
     assert all(a["end"] <= b["start"] for a, b in zip(timed, timed[1:])), "two timed gates ran at once"
-    assert {g: r["status"] for g, r in p.runs["off-by-one"].gates.items()} == \
+    assert {g: r.status for g, r in p.runs["off-by-one"].gates.items()} == \
         {"lossless": GREEN, "combine": RED, "speed": GREEN}
     assert set(p.clean.gates) == {"lossless", "combine", "speed", "busy"} and p.clean.status == "ran"
     # A defect's tree stops each gate at its first red (red is all the proof reads there); the clean

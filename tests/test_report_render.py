@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from mutants import viewer
-from mutants.catalogue import by_name
-from mutants.matrix import CLEAN, GREEN, RAN, RED, TreeRun, judge
-from mutants.mutation_report import MutantRecord, write_reports
-from mutants.proof_html import page
+from mutants.mutation import viewer
+from mutants.proof.catalogue import by_name
+from mutants.proof.matrix import CLEAN, GREEN, RAN, RED, TreeRun, build_proof
+from mutants.mutation.report import write_reports
+from mutants.mutation.record import MutantRecord
+from mutants.proof.html import page
+from gates.report import GateResult
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -92,14 +94,14 @@ def test_the_proof_report_renders_offline_with_each_cell_linked_to_its_evidence(
     evidence = [{"message": "emit counts differ", "differences": [{"what": "num_emitted", "step": 3, "request": 1,
                                                                     "expected": 2, "actual": 1}]}]
     runs = {"stale-drafts": TreeRun("stale-drafts", RAN, {
-                "combine": {"status": RED, "reason": "1 of 2 tests failed", "evidence": evidence},
-                "emit-count": {"status": RED, "reason": "1 of 3 tests failed", "evidence": evidence}}, 13.0),
+                "combine": GateResult("g", status=RED, reason="1 of 2 tests failed", evidence=evidence),
+                "emit-count": GateResult("g", status=RED, reason="1 of 3 tests failed", evidence=evidence)}, 13.0),
             "resample-from-p": TreeRun("resample-from-p", RAN, {
-                "lossless": {"status": RED, "reason": "chi-square p = 1e-9", "evidence": []}}, 50.0),
+                "lossless": GateResult("g", status=RED, reason="chi-square p = 1e-9")}, 50.0),
             "graph-warmup-on-real-batch": TreeRun("graph-warmup-on-real-batch", "needs CUDA")}
     needs = {"lossless": "cpu", "combine": "cpu", "emit-count": "cpu"}
-    clean = TreeRun(CLEAN, RAN, {g: {"status": GREEN, "reason": "12 cases"} for g in needs}, 104.0)
-    proof = judge(defects, runs, clean, needs, False, True, 180.0)
+    clean = TreeRun(CLEAN, RAN, {g: GateResult("g", status=GREEN, reason="12 cases") for g in needs}, 104.0)
+    proof = build_proof(defects, runs, clean, needs, False, True, 180.0)
     html = tmp_path / "prove.html"
     html.write_text(page(proof, {"args": "", "wall_s": 180.0, "jobs": 2, "device": "cpu"}), encoding="utf-8")
     dom = browse(chromium, html, tmp_path, "--dump-dom").stdout

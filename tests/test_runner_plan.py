@@ -4,6 +4,7 @@ buffers a runner owns, a graph replay's checks on a stand-in graph, and a captur
 stand-ins. Then two short engine runs for what only a step shows: logits processors see the
 request's own history and row, and verify gets the drafter's q. Over 300 lines because every
 part drives one runner through the same helpers (make_runner, req, plan)."""
+import dataclasses
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -61,6 +62,11 @@ def fields(p):
                 device_fed=[r.device_fed for r in rows], refusals=[r.refusal for r in rows],
                 block_tables=[r.block_table for r in rows], max_context_len=p.max_context_len)
 
+
+
+def named(inputs) -> dict:
+    """A StepInputs' fields by name."""
+    return {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
 
 def test_sync_plan_feeds_every_row_from_the_host():
     runner = make_runner()
@@ -169,18 +175,18 @@ def test_upload_gives_padding_rows_greedy_params_and_fixed_dtypes():
     inp = runner._upload(plan(runner, rows, graph=True))
     # Padding rows run as SamplingParams(temperature=0) would, with key 0: valid, greedy
     # parameters that draw no randomness.
-    assert inp["temperature"].tolist() == [1.0, 1.0, 1.0, 0.0]
-    assert inp["top_k"].tolist() == [5, 5, 5, -1]
-    assert inp["top_p"].tolist() == [1.0, 1.0, 1.0, 1.0]
-    assert inp["keys"].tolist() == [1000, 1001, 1002, 0]
+    assert inp.temperature.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert inp.top_k.tolist() == [5, 5, 5, -1]
+    assert inp.top_p.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert inp.keys.tolist() == [1000, 1001, 1002, 0]
     # Integer-valued params still upload as float32; flags and integers go in the one int64 buffer.
     inp = runner._upload(plan(runner, rows))
-    dtypes = {name: t.dtype for name, t in inp.items()}
+    dtypes = {name: t.dtype for name, t in named(inp).items()}
     assert dtypes == dict(slots=torch.long, query_lens=torch.long, spec_width=torch.long, num_logits=torch.long,
                           device_fed=torch.long, is_prefill=torch.long, host_token_ids=torch.long,
                           host_positions=torch.long, host_seq_lens=torch.long, block_tables=torch.long,
                           temperature=torch.float32, top_k=torch.long, top_p=torch.float32, keys=torch.long)
-    assert inp["block_tables"].shape == (3, runner.planner.table_width)
+    assert inp.block_tables.shape == (3, runner.planner.table_width)
 
 
 def test_upload_stages_every_field_in_one_buffer_per_dtype_at_fixed_places():
@@ -193,17 +199,17 @@ def test_upload_stages_every_field_in_one_buffer_per_dtype_at_fixed_places():
     p = plan(runner, rows, graph=True)
     first = runner._upload(p)
     ints, floats = runner.staging.device
-    for name, t in first.items():
+    for name, t in named(first).items():
         buffer = floats if t.dtype == torch.float32 else ints
         assert buffer.data_ptr() <= t.data_ptr() < buffer.data_ptr() + buffer.numel() * buffer.element_size()
     f = fields(p)
-    assert {name: first[name].tolist() for name in ("slots", "host_token_ids", "host_positions", "block_tables")} \
+    assert {name: getattr(first, name).tolist() for name in ("slots", "host_token_ids", "host_positions", "block_tables")} \
         == {name: f[name] for name in ("slots", "host_token_ids", "host_positions", "block_tables")}
-    assert first["device_fed"].tolist() == [0] * 4 and first["temperature"].tolist() == [0.5] * 3 + [0.0]
+    assert first.device_fed.tolist() == [0] * 4 and first.temperature.tolist() == [0.5] * 3 + [0.0]
     again = runner._upload(plan(runner, rows[:1] + rows[2:], graph=True))  # 2 rows: bucket 2
-    assert again["slots"].tolist() == [0, 2]
+    assert again.slots.tolist() == [0, 2]
     same = runner._upload(p)
-    assert all(same[name].data_ptr() == first[name].data_ptr() for name in first)
+    assert all(getattr(same, name).data_ptr() == t.data_ptr() for name, t in named(first).items())
 
 
 @pytest.mark.parametrize("has_q", [False, True], ids=["one-hot-q", "drafter-q"])
@@ -259,7 +265,7 @@ def test_a_graph_replay_reads_its_inputs_in_place_and_counts_each_replay():
     key = (p.num_rows, p.max_context_len)
     graph, outputs = CountedGraph(), {"logits": torch.zeros(1)}
     for graphs, message in [({}, f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up"),
-                            ({key: (graph, {"slots": torch.zeros(1, dtype=torch.long)}, outputs)},
+                            ({key: (graph, SimpleNamespace(slots=torch.zeros(1, dtype=torch.long)), outputs)},
                              f"graph {key}: the staged inputs moved since capture")]:
         runner.graphs = graphs
         with pytest.raises(RuntimeError) as refused:
@@ -317,7 +323,7 @@ def test_a_capture_warms_up_on_a_side_stream_then_captures_the_padding_step_in_i
     key = (runner.planner.buckets[-1], runner.planner.context_buckets[0])
     runner._capture(key)
     graph, static_in, static_out = runner.graphs[key]
-    staged = {name: t.tolist() for name, t in static_in.items()}  # before another upload reuses the buffers
+    staged = {name: t.tolist() for name, t in named(static_in).items()}  # before another upload reuses the buffers
     padding = runner.planner.padding_plan(*key)
     warm_out = calls.log[2][-1]
     assert calls.log == [("side", "waits for", "current"), ("stream", calls.side, {}),
@@ -327,7 +333,7 @@ def test_a_capture_warms_up_on_a_side_stream_then_captures_the_padding_step_in_i
                          ("end capture",)]
     assert isinstance(graph, CountedGraph) and static_out is not warm_out and list(runner.graphs) == [key]
     assert runner.declared_syncs.counts == {"graph capture": 1}
-    assert staged == {name: t.tolist() for name, t in runner._upload(padding).items()}, "not the bucket's padding"
+    assert staged == {name: t.tolist() for name, t in named(runner._upload(padding)).items()}, "not the bucket's padding"
 
 
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():

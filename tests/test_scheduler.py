@@ -338,24 +338,21 @@ def test_a_lone_request_that_cannot_grow_preempts_itself_only_when_nothing_else_
        num_blocks=st.integers(1, 40))
 def test_block_manager_reserve_and_free(sizes, block_size, num_blocks):
     bm = BlockManager(num_blocks, block_size)
-    reqs = []
-    for i, n in enumerate(sizes):
-        req = make_request(i, 1, 1)
-        free_before = list(bm.free_block_ids)
-        if bm.can_reserve(req, n):
-            bm.reserve(req, n)
-            assert len(req.block_ids) == -(-n // block_size)
-            bm.reserve(req, n)  # already covered: takes nothing more
-            assert len(req.block_ids) == -(-n // block_size)
+    held = []
+    for n in sizes:
+        blocks, free_before = [], list(bm.free_block_ids)
+        if bm.can_reserve(0, n):
+            blocks += bm.reserve(0, n)
+            assert len(blocks) == -(-n // block_size)
+            assert bm.reserve(len(blocks), n) == []  # already covered: takes nothing more
         else:
-            with pytest.raises(RuntimeError, match=f"request {i} needs"):
-                bm.reserve(req, n)
-            assert bm.free_block_ids == free_before and req.block_ids == []  # refusal changes nothing
-        reqs.append(req)
-        used = [b for r in reqs for b in r.block_ids]
+            with pytest.raises(RuntimeError, match=f"{bm.blocks_needed(0, n)} blocks needed"):
+                bm.reserve(0, n)
+            assert bm.free_block_ids == free_before  # refusal changes nothing
+        held.append(blocks)
+        used = [b for blocks in held for b in blocks]
         assert not set(used) & set(bm.free_block_ids)
         assert len(used) + bm.num_free_blocks == num_blocks
-    for req in reqs:
-        bm.free(req)
-        assert req.block_ids == []
+    for blocks in held:
+        bm.free(blocks)
     assert sorted(bm.free_block_ids) == list(range(num_blocks))

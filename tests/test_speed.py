@@ -2,6 +2,7 @@
 (gates/timings.py), which orders and groups work and never decides; prove's longest-first order;
 and the Hypothesis profile that keeps examples the same under pytest-xdist."""
 from gates import timings
+from gates.report import GateResult
 
 
 def test_balance_puts_the_slowest_first_and_evens_the_bins():
@@ -29,7 +30,7 @@ def test_the_cache_merges_and_survives_a_bad_file(tmp_path):
 
 def test_prove_starts_the_longest_trees_first():
     """Trees are ordered by the sum of their gates' last measured seconds, estimates where none."""
-    from mutants.prove import schedule
+    from mutants.proof.prove import schedule
     tasks = [("clean", None, ["lossless", "combine", "reason-a"], "cpu"),
              ("a", None, ["reason-a"], "cpu"),
              ("b", None, ["combine", "lossless"], "cpu"),
@@ -51,8 +52,8 @@ def test_the_ci_profile_draws_the_same_examples_on_any_xdist_worker():
 
 
 def test_the_clean_tree_is_split_into_balanced_parts_and_merged_back():
-    from mutants.matrix import CLEAN, RAN, TIMEOUT, TreeRun
-    from mutants.prove import clean_parts, merge_clean
+    from mutants.proof.matrix import CLEAN, RAN, TIMEOUT, TreeRun
+    from mutants.proof.prove import clean_parts, merge_clean
     gates = ["lossless", "combine", "emit-count", "reason-a", "predicate-split"]
     measured = {"lossless": 40.0, "combine": 10.0, "emit-count": 12.0, "reason-a": 4.0, "predicate-split": 15.0}
     assert clean_parts(gates, 1, measured) == [(CLEAN, gates)]
@@ -60,10 +61,10 @@ def test_the_clean_tree_is_split_into_balanced_parts_and_merged_back():
     assert [label for label, _ in parts] == [f"{CLEAN} part 1 of 2", f"{CLEAN} part 2 of 2"]
     assert sorted(g for _, part in parts for g in part) == sorted(gates)
     assert [part for _, part in parts] == [["lossless"], ["combine", "emit-count", "reason-a", "predicate-split"]]
-    runs = [TreeRun(parts[0][0], RAN, {"lossless": {"status": "green"}}, 40.0),
-            TreeRun(parts[1][0], RAN, {"combine": {"status": "red"}}, 10.0)]
+    runs = [TreeRun(parts[0][0], RAN, {"lossless": GateResult("g", status="green")}, 40.0),
+            TreeRun(parts[1][0], RAN, {"combine": GateResult("g", status="red")}, 10.0)]
     merged = merge_clean(runs)
     assert (merged.tree, merged.status, merged.seconds) == (CLEAN, RAN, 50.0)
-    assert merged.gates == {"lossless": {"status": "green"}, "combine": {"status": "red"}}
+    assert merged.gates == {"lossless": GateResult("g", status="green"), "combine": GateResult("g", status="red")}
     timed_out = merge_clean([runs[0], TreeRun(parts[1][0], TIMEOUT, detail="ran past 900 s")])
     assert timed_out.status == TIMEOUT and "part 2 of 2: ran past 900 s" in timed_out.detail

@@ -5,15 +5,16 @@ import torch
 
 from engine.host_sync import DeclaredSyncs
 from engine.staging import FLOAT_FIELDS, ROW_FIELDS, TOKEN_FIELDS, InputStaging
+from engine.step_io import StepInputs
 
 MAX_ROWS, MAX_TOKENS, WIDTH = 4, 10, 3
 
 
-def columns(num_rows: int, num_tokens: int) -> dict[str, list]:
+def columns(num_rows: int, num_tokens: int) -> StepInputs[list]:
     cols = {name: [i + 10 * k for i in range(num_rows)] for k, name in enumerate(ROW_FIELDS)}
     cols |= {name: [i + 100 * k for i in range(num_tokens)] for k, name in enumerate(TOKEN_FIELDS, 1)}
     cols |= {name: [0.5 * i for i in range(num_rows)] for name in FLOAT_FIELDS}
-    return cols | {"block_tables": [[r * WIDTH + j for j in range(WIDTH)] for r in range(num_rows)]}
+    return StepInputs(**cols, block_tables=[[r * WIDTH + j for j in range(WIDTH)] for r in range(num_rows)])
 
 
 @pytest.mark.parametrize("num_rows, num_tokens", [(MAX_ROWS + 1, 1), (1, MAX_TOKENS + 1), (MAX_ROWS + 1, MAX_TOKENS + 1)],
@@ -30,9 +31,9 @@ def test_a_step_at_the_limits_comes_back_field_by_field():
     staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", DeclaredSyncs())
     cols = columns(MAX_ROWS, MAX_TOKENS)
     views = staging.upload(cols, MAX_ROWS, MAX_TOKENS)
-    for name in (*ROW_FIELDS, *TOKEN_FIELDS, *FLOAT_FIELDS):
-        assert views[name].tolist() == cols[name], name
-    assert views["block_tables"].tolist() == cols["block_tables"] and views["temperature"].dtype == torch.float32
+    for name in (*ROW_FIELDS, *TOKEN_FIELDS, *FLOAT_FIELDS, "block_tables"):
+        assert getattr(views, name).tolist() == getattr(cols, name), name
+    assert views.temperature.dtype == torch.float32 and views.slots.dtype == torch.long
 
 
 class CopyEvent:
@@ -58,4 +59,4 @@ def test_a_host_buffer_is_refilled_only_after_its_last_copy_inside_a_declared_wa
     views = staging.upload(columns(2, 3), 2, 3)
     assert event.waited_as == ([] if done else ["staging buffer reuse"])
     assert declared.counts == ({} if done else {"staging buffer reuse": 1}) and declared.active is None
-    assert views["slots"].tolist() == [0, 1]
+    assert views.slots.tolist() == [0, 1]

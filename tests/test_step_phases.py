@@ -1,12 +1,13 @@
-"""The bench's phase clock (engine/metrics.py StepPhases): host time per step by phase and, on
+"""The bench's phase clock (engine/bench/metrics.py StepPhases): host time per step by phase and, on
 CUDA, the GPU time between two timing events per step, as the report shows them. Driven by a
 stand-in perf_counter ticking in 1/1024 s (so every sum is exact) and stand-in CUDA events that
 keep CUDA's rules: elapsed_time needs both events created with enable_timing and recorded."""
 import pytest
 import torch
 
-from engine import metrics
-from engine.metrics import NoPhases, StepPhases
+from engine.bench import metrics
+from engine.bench.metrics import StepPhases
+from engine.clock import NullClock
 
 U = 1 / 1024  # one tick of the stand-in clock, in seconds
 
@@ -86,8 +87,8 @@ def test_a_clock_that_saw_no_step_has_no_per_step_figures(cuda, clock):
 
 
 def test_outside_the_bench_the_phase_clock_does_nothing(monkeypatch):
-    monkeypatch.setattr(metrics.time, "perf_counter", lambda: pytest.fail("NoPhases read the clock"))
-    clock = NoPhases()
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: pytest.fail("NullClock read the clock"))
+    clock = NullClock()
     clock.start()
     clock.mark("plan")
     assert clock.begin_gpu() is None and clock.end_gpu(None) is None

@@ -7,6 +7,7 @@ import pytest
 from gates import verdict
 from gates.cli import main
 from gates.registry import GATES
+from gates.report import GateReport
 
 NAMES = tuple(g.name for g in GATES)
 
@@ -53,14 +54,19 @@ def cpu_report() -> dict:
     return {"environment": {"cuda": False, "device": "cpu"}, "gates": gates}
 
 
+def decide(reports: list[dict]) -> verdict.Verdict:
+    """The verdict of reports written as their JSON."""
+    return verdict.decide([GateReport.from_json(r) for r in reports])
+
+
 def test_every_gate_green_on_cuda_with_the_graph_arm_ahead_is_lift():
-    v = verdict.decide([report()])
+    v = decide([report()])
     assert v.decision == verdict.LIFT, v.reasons
     assert v.line.startswith("verdict: LIFT")
 
 
 def test_cpu_only_is_keep_and_names_the_gpu_gates_that_did_not_run():
-    v = verdict.decide([cpu_report()])
+    v = decide([cpu_report()])
     assert v.decision == verdict.KEEP
     assert any("no report ran on CUDA" in r for r in v.reasons)
     for name in ("busy", "no-sync", "speed-ab", "lossless"):
@@ -69,11 +75,11 @@ def test_cpu_only_is_keep_and_names_the_gpu_gates_that_did_not_run():
 
 
 def test_a_cpu_report_marked_cuda_device_without_cuda_is_not_a_cuda_run():
-    assert verdict.decide([report(cuda=False)]).decision == verdict.KEEP
+    assert decide([report(cuda=False)]).decision == verdict.KEEP
 
 
 def test_one_red_gate_is_keep_and_names_it():
-    v = verdict.decide([report(busy=gate("busy", "red", reason="1 of 2 tests failed: level 0.41 < 0.95"))])
+    v = decide([report(busy=gate("busy", "red", reason="1 of 2 tests failed: level 0.41 < 0.95"))])
     assert v.decision == verdict.KEEP
     assert any(r.startswith("busy is red on cuda: 1 of 2 tests failed: level 0.41") for r in v.reasons)
 
@@ -81,44 +87,44 @@ def test_one_red_gate_is_keep_and_names_it():
 def test_a_red_cpu_report_beside_a_green_cuda_one_is_keep():
     cpu = cpu_report()
     cpu["gates"][0]["status"] = "red"
-    assert verdict.decide([report(), cpu]).decision == verdict.KEEP
+    assert decide([report(), cpu]).decision == verdict.KEEP
 
 
 def test_a_gate_with_skipped_tests_on_cuda_is_keep():
-    v = verdict.decide([report(no_sync=gate("no-sync", skipped_tests=1))])
+    v = decide([report(no_sync=gate("no-sync", skipped_tests=1))])
     assert v.decision == verdict.KEEP and any(r.startswith("no-sync not green on CUDA") for r in v.reasons)
 
 
 def test_speed_under_the_floor_in_the_graph_arm_is_keep():
     figures = speed_figures()
     figures[1]["ab"][1] = ab("tpot_ms", 8, None, floor=0.059)
-    v = verdict.decide([report(speed_ab=gate("speed-ab", measurements=figures))])
+    v = decide([report(speed_ab=gate("speed-ab", measurements=figures))])
     assert v.decision == verdict.KEEP
     assert v.reasons == ["speed-ab graph arm ngram c=8 tpot_ms under the floor (5.9%)"]
 
 
 def test_speed_under_the_floor_in_the_eager_arm_only_is_still_lift():
     """The veto reads the graph arm; the eager arm is host-bound and under its floor."""
-    assert verdict.decide([report()]).decision == verdict.LIFT
+    assert decide([report()]).decision == verdict.LIFT
 
 
 def test_speed_behind_or_missing_graph_figures_is_keep():
-    slower = verdict.decide([report(speed_ab=gate("speed-ab", measurements=speed_figures(graph_tpot=1.1)))])
+    slower = decide([report(speed_ab=gate("speed-ab", measurements=speed_figures(graph_tpot=1.1)))])
     assert slower.decision == verdict.KEEP and any("not ahead" in r for r in slower.reasons)
     eager_only = [m for m in speed_figures() if m["graph_arm"] == "eager"]
-    missing = verdict.decide([report(speed_ab=gate("speed-ab", measurements=eager_only))])
+    missing = decide([report(speed_ab=gate("speed-ab", measurements=eager_only))])
     assert missing.reasons == ["speed-ab recorded no graph-arm figures"]
 
 
 def test_a_gate_missing_from_every_report_is_keep():
     r = report()
     r["gates"] = [g for g in r["gates"] if g["name"] != "combine"]
-    v = verdict.decide([r])
+    v = decide([r])
     assert v.reasons == ["combine not green on CUDA (not run)"]
 
 
 def test_no_report_is_keep():
-    assert verdict.decide([]).decision == verdict.KEEP
+    assert decide([]).decision == verdict.KEEP
 
 
 @pytest.mark.parametrize("which, status", [("cpu", 0), ("cuda", 0), ("red", 1)])

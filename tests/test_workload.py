@@ -1,11 +1,12 @@
 """One workload type (issue 12, point 6): the engine's Workload serves the bench and the gates."""
 import pytest
 
-from engine import SamplingParams, bench
-from engine.workload import Workload
+from engine import SamplingParams
+from engine.bench import legs as bench
+from engine.bench.workload import Workload
 from gates import workloads as gate_workloads
 
-# Written by the bench's own Workload before the merge (engine/bench.py at c2a355a), for the same
+# Written by the bench's own Workload before the merge (engine/bench/legs.py at c2a355a), for the same
 # prompts, max_tokens and temperature: reports stay comparable across the change.
 BENCH_BEFORE = [
     ((["a", "b"], 6, 0.0), "489c75a81014dcca"),

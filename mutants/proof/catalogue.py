@@ -1,0 +1,194 @@
+"""The catalogue of seeded defects: each a small patch to the engine (mutants/proof/patches/<name>.diff),
+the real-world failure it models, and the gates that must go red on it.
+
+`token_invisible` claims the defect leaves every output token unchanged, greedy and seeded
+sampled alike (lossless verify hides it): `specgate prove` runs the lossless gate on every
+defect and fails when such a defect turns it red, so the claim is checked, not assumed.
+`needs="cuda"` marks a defect only a GPU can show (a host sync, a graph capture): on a machine
+without CUDA it is listed and reported skipped.
+
+proven_against() joins DEFECTS with the gate registry's names: which defects each gate is proven
+against (`specgate gates list`, the gates' reports). Add a defect: see mutants/README.md.
+"""
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gates.registry import NEEDS, check_name
+
+PATCHES = Path(__file__).resolve().parent / "patches"
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str                  # kebab-case; its patch is patches/<name>.diff
+    models: str                # the real failure it stands for, in a sentence or two
+    gates: tuple[str, ...]     # gates that must go red on it
+    token_invisible: bool = False
+    needs: str = "cpu"         # "cuda": only observable on a GPU
+
+    def __post_init__(self):
+        check_name("defect", self.name)
+        if self.needs not in NEEDS:
+            raise ValueError(f"defect {self.name}: needs must be 'cpu' or 'cuda', got {self.needs!r}")
+        if not self.gates:
+            raise ValueError(f"defect {self.name} names no gate")
+
+    @property
+    def patch(self) -> Path:
+        return PATCHES / f"{self.name}.diff"
+
+
+DEFECTS = (
+    # ---- the logits window (reason A), once per arm ----------------------------------------------
+    Defect("reason-a-eager-arm",
+           "Reason A in the eager arm: cu_num_logits is not passed, so each row's gather falls back to "
+           "query_end - 1, the last draft slot of a verify step (the A2-3 regression, re-armed from one arm).",
+           ("reason-a", "emit-count", "lossless")),
+    Defect("reason-a-graph-arm",
+           "Reason A in the graph arm only: the padded bucket is planned with one logit per row, so the "
+           "gather reads query_end - 1 in every replayed step while the eager arm stays right.",
+           ("reason-a", "emit-count")),
+    # ---- what the async combine feeds ------------------------------------------------------------
+    Defect("predicate-split-first-row",
+           "Predicate split: the device-fed decision is taken per step from the first request, not per "
+           "request, so a refused request (prefill, resumed, host history) sharing a step with device-fed "
+           "ones is fed stale device ids (the num_reqs == 1 blind spot, #2710).",
+           ("predicate-split", "combine", "emit-count")),
+    Defect("stale-drafts",
+           "Stale drafts: device-fed rows combine and verify drafts from a snapshot taken before the last "
+           "propose wrote the buffer, one step old (and another request's on a reused slot); vLLM's "
+           "acceptance near 1% under async.",
+           ("combine", "emit-count")),
+    Defect("prefill-proposes-nothing",
+           "The first verify step proposes nothing: after a prefill (or a resume) the drafter's num_draft is "
+           "zeroed, so each request's first verify step carries no drafts (#2920: the async decode arm never "
+           "proposed).",
+           ("emit-count",), token_invisible=True),
+    Defect("drafts-by-batch-row",
+           "Batch rows moved without the device rows: propose writes drafts by batch row instead of state "
+           "slot, so after a finish or an admission a request verifies another request's drafts (races "
+           "between copies and row moves, bugs only at batch size > 1).",
+           ("emit-count", "combine")),
+    Defect("positions-advance-by-k",
+           "Device positions advance by k + 1 instead of num_accepted + 1: the scheduler's assumption that "
+           "every draft is accepted is never corrected on the device (vLLM's corrected token counts, "
+           "SGLang's lengths + accept length).",
+           ("lossless", "combine", "emit-count")),
+    Defect("padding-writes-a-real-slot",
+           "The graph arm's padding rows write the last real state slot instead of a padding slot, so a "
+           "request in that slot has its committed ids and length overwritten by padding.",
+           ("combine", "emit-count")),
+    Defect("kv-lookahead-ignores-in-flight-step",
+           "KV reserved for this step's drafts only, not for the step still in flight: the async runner "
+           "writes up to k + 1 positions past the blocks the host reserved (SGLang over-allocates one step "
+           "for this reason).",
+           ("lossless", "combine")),
+    # ---- host write-back ---------------------------------------------------------------------------
+    Defect("committed-ids-dropped-on-preemption",
+           "Committed ids not written back on one branch: results of a step in flight when its request was "
+           "preempted are dropped, so the host's ids go stale and the resume recomputes them (counters and "
+           "outputs in flight across preemption).",
+           ("emit-count",), token_invisible=True),
+    Defect("emit-past-finish",
+           "Finishing detected one step late is not guarded: the host applies the step the async runner "
+           "launched past a request's end, emitting tokens past max_tokens or EOS.",
+           ("lossless", "emit-count")),
+    # ---- counting acceptance ---------------------------------------------------------------------
+    Defect("denominator-counts-k",
+           "An acceptance denominator inflated by padded drafts: stats count the k slots scheduled instead "
+           "of num_draft (a drafter that trimmed drafts while the scheduler still counted them).",
+           ("emit-count", "acceptance"), token_invisible=True),
+    Defect("fold-acceptance-over-every-leg",
+           "The warm-leg predicate applied to one axis only: throughput folds the warm legs, acceptance "
+           "folds every leg, so the two axes describe different populations (the DFlash2 gap that could "
+           "not be attributed).",
+           ("acceptance",), token_invisible=True),
+    Defect("fold-per-position-zip-truncates",
+           "Per-position acceptance merged with zip(), which stops at the shorter list: folding legs into "
+           "an empty total keeps no position at all, so the fold's and the plot's acceptance per draft "
+           "position are empty while every counter is right (lists of unequal length, a classic merge bug; "
+           "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
+           "token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
+    Defect("veto-ignores-env",
+           "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
+           "speculative decoding, so an A/B labelled async measures sync against sync.",
+           ("speed-ab",), token_invisible=True),
+    # ---- drafting and verifying --------------------------------------------------------------------
+    Defect("ngram-continuation-off-by-one",
+           "The ngram proposer is off by one: the continuation starts at the match's last token, so every "
+           "draft is shifted and mostly rejected; only acceptance moves.",
+           ("emit-count",), token_invisible=True),
+    Defect("resample-from-p",
+           "A lossy acceptance rule: at the first rejection the token is resampled from p instead of "
+           "norm(max(0, p - q)), over-weighting the rejected draft (greedy output unchanged).",
+           ("lossless",)),
+    # ---- only a GPU shows these ------------------------------------------------------------------
+    Defect("host-sync-in-device-step",
+           "A host synchronisation slipped into the async step: the logits count is read back from the "
+           "device (.item()) instead of taken from the host plan, so the host waits on every step (no-sync's "
+           "host-read hook shows it on the CPU too; on CUDA sync debug mode raises).",
+           ("no-sync",)),
+    Defect("graph-warmup-on-real-batch",
+           "Graph capture warm-up on real inputs: the first step of each bucket runs twice (warm-up, then "
+           "replay), and device-fed rows advance their state twice.",
+           ("combine", "emit-count"), needs="cuda"),
+    Defect("blocking-result-download",
+           "Results downloaded with a blocking copy: the host waits for every step before launching the "
+           "next, so the async runner overlaps nothing (the runner's results download, ModelRunner._start_download).",
+           ("busy", "no-sync"), needs="cuda"),
+    # ---- the host loop ---------------------------------------------------------------------------
+    Defect("host-read-in-step-loop",
+           "A blocking read in the host loop, outside the runner: right after launching a step the host "
+           "reads the committed count from the device state (int(tensor), for a progress line), so on a GPU it waits for every "
+           "step before planning the next; no-sync's host-read hook shows it on the CPU too.",
+           ("no-sync",), token_invisible=True),
+    # ---- paths both sides of every differential comparison share (the absolute reference) -------
+    Defect("stop-token-ids-ignored",
+           "A request's stop_token_ids are never checked in the finish rule that plain, spec, sync and async "
+           "share, so it runs on to max_tokens; every differential comparison agrees with itself and only the "
+           "reference decoder sees the tokens past the stop (no gate workload set stop_token_ids before).",
+           ("emit-count",)),
+    Defect("context-limit-off-by-one",
+           "The context-limit finish is off by one in the shared finish rule: a request ends only past "
+           "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "
+           "knows where the context ends.",
+           ("emit-count",)),
+    # ---- the sampled path at binding temperature, top-k and top-p --------------------------------
+    Defect("draft-q-before-top-k-top-p",
+           "The block drafter hands verify q taken before top-k/top-p (softmax of logits / T over the whole "
+           "vocabulary) while its drafts were drawn from the cut q: the acceptance ratio and the residual use "
+           "a q the drafts did not come from (lossy wherever top-k or top-p binds).",
+           ("lossless",)),
+    Defect("verify-p-ignores-top-k-top-p",
+           "Verify processes p with temperature only, while the drafter's q is cut by top-k and top-p: the "
+           "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
+           "the cuts bind, which the verify chi-square with its own q never made them do).",
+           ("lossless",)),
+    # ---- LLM options that change the token path ---------------------------------------------------
+    Defect("dtype-overridden-by-checkpoint",
+           "An LLM option silently ignored: the checkpoint's dtype (config.json's torch_dtype) overrides the "
+           "dtype asked for, so dtype='bfloat16' runs float32 on a float32 checkpoint; every token can stay "
+           "right, only a check that the weights and KV cache really are bfloat16 sees it (no gate ran "
+           "bfloat16 before).",
+           ("lossless",)),
+    Defect("engine-seed-ignored",
+           "The engine seed never reaches the generator that keys unseeded sampled requests: runs are "
+           "reproducible, but every engine seed gives the same tokens (seeded gate workloads never drew "
+           "from it).",
+           ("lossless",)),
+)
+
+
+def by_name(names: list[str] | None = None) -> list[Defect]:
+    known = {d.name: d for d in DEFECTS}
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise KeyError(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names] if names else list(DEFECTS)
+
+
+def proven_against(gate_names: Iterable[str], defects=DEFECTS) -> dict[str, tuple[str, ...]]:
+    """gate -> the defects that name it (must turn it red), for each gate named."""
+    return {g: tuple(d.name for d in defects if g in d.gates) for g in gate_names}

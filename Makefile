@@ -59,7 +59,7 @@ mutate: venv
 	$(VENV)/bin/specgate mutate --report reports/mutation $(if $(SINCE),--since $(SINCE))
 
 # The mutation report's viewer (the pinned npm package mutation-testing-elements) into build/viewer/,
-# inlined into mutation-report.html; the mutation run and tests/test_report_render.py also do this
+# inlined into mutation-report.html; the mutation run and tests/project/test_report_render.py also do this
 # themselves when it is missing (npm, registry only).
 viewer: venv
 	$(PY) -m mutants.mutation.viewer

@@ -42,7 +42,7 @@ class HFTokenizer:
     """A folder's tokenizer.json through Hugging Face's `tokenizers`, encoded as transformers 5
     encodes it: tokenizer.json's own post-processor adds BOS/EOS (or nothing, without one), and
     tokenizer_config.json's add_bos_token / add_eos_token are ignored, since transformers drops
-    them whenever a tokenizer.json is present (tests/test_tokenizer_hf.py compares every case with
+    them whenever a tokenizer.json is present (tests/engine/test_tokenizer_hf.py compares every case with
     AutoTokenizer). decode drops special tokens."""
 
     def __init__(self, folder: str | os.PathLike):

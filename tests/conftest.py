@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from clock import Clock
+from helpers.clock import Clock
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>"]
 STDLIB_SLICE = ["textwrap.py", "string.py", "bisect.py", "heapq.py", "fnmatch.py", "shlex.py"]

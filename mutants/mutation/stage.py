@@ -18,7 +18,7 @@ SOURCE = "engine"  # the engine, mutated whole
 # The harness's own checking code, mutated too and judged by the same suite: the comparisons,
 # invariants, statistics and folding checks the gates rely on. (mutants/proof/matrix.py, the proof's
 # judging, cannot be: mutmut's working copy is a folder named `mutants/`, so our package of that
-# name cannot be staged; tests/test_matrix.py judges it.)
+# name cannot be staged; tests/proof/test_matrix.py judges it.)
 MUTATED_GATES = ("gates/compare.py", "gates/invariants.py", "gates/distribution.py", "gates/measure.py",
                  "gates/acceptance.py")
 SOURCES = (SOURCE, "gates")  # mutmut's source_paths: only SOURCE/ and MUTATED_GATES are mutated there
@@ -30,24 +30,36 @@ def is_mutated(path: str) -> bool:
     """Whether a file (relative to the repo) is under mutation."""
     return path.endswith(".py") and (path.startswith(f"{SOURCE}/") or path in MUTATED_GATES)
 
-# What the mutation suite needs, copied into the staging folder. The test modules of our own
-# mutants/ package are left out: in mutmut's working copy `mutants` is mutmut's folder. So are the
-# tests of the `specgate` command (it imports mutants/ to build its parser) and of the proof's order.
+# What the mutation suite needs, copied into the staging folder. A folder rule picks the tests
+# (tests/README.md): tests/engine, tests/bench and tests/gates are staged, with tests/helpers;
+# tests/proof and tests/mutation are not (in mutmut's working copy `mutants` is mutmut's folder, so
+# our mutants/ package cannot be imported there), nor tests/project (the layout, the README, the
+# `specgate` command, which imports mutants/ for its parser, the reports in a browser, the GPU
+# script: no engine code). tests/project/test_architecture.py checks that no staged test imports mutants/.
 STAGED = ("engine", "gates", "fixtures", "tests", "conftest.py")
-UNSTAGED_TESTS = ("test_prove.py", "test_matrix.py", "test_mutate.py", "test_mutation_report.py",
-                  "test_mutation_shards.py", "test_mutation_cuda.py", "test_mutation_ratchet.py",
-                  "test_architecture.py", "test_speed.py", "test_cli_runner_flag.py",
-                  # the HTML reports in a browser, the README and the GPU shell script: no engine code, and
-                  # not staged
-                  "test_report_render.py", "test_docs.py", "test_prove_output.py", "test_prove_phases.py",
-                  "test_gpu_check_script.py")
+UNSTAGED_TEST_DIRS = ("proof", "mutation", "project")
+
+
+def is_staged(path: str) -> bool:
+    """Whether a file (relative to the repo) of a STAGED folder is copied into the staging folder."""
+    parts = Path(path).parts
+    return not (len(parts) > 2 and parts[0] == "tests" and parts[1] in UNSTAGED_TEST_DIRS)
+
+
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    """shutil.copytree's ignore: caches, and the unstaged test folders."""
+    rel = Path(folder).resolve().relative_to(REPO).as_posix() if Path(folder).resolve().is_relative_to(REPO) else ""
+    return {n for n in names if n in ("__pycache__", ".hypothesis") or n.endswith(".pyc")
+            or (rel == "tests" and n in UNSTAGED_TEST_DIRS)}
+
+
 PLUGIN = Path(__file__).with_name("plugin.py")
 STAGED_PLUGIN = "mutation_plugin.py"  # its name in the staging folder, where pytest loads it by name
 # The suite: the tests, and the gates the registry marks `mutation_suite` (those that judge one run
 # exactly; speed-ab, busy and no-sync measure time or need CUDA), under the Hypothesis `mutation`
 # profile (2 examples a test). A surviving mutant runs every test that covers its function, so the
 # slow ones stay out: `slow` tests (whole gate sessions in subprocesses), the end-to-end statistical
-# and bench checks (tests/test_verify.py's chi-square tests judge the sampler in a fraction of the
+# and bench checks (tests/engine/test_verify.py's chi-square tests judge the sampler in a fraction of the
 # time), and tests a gate repeats.
 SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.mutation_suite))
 # A --cuda-only run (on the GPU machine) tests mutants the CPU suite could not kill because their
@@ -56,7 +68,7 @@ SUITE = ("tests", *(g.file.relative_to(REPO).as_posix() for g in GATES if g.muta
 # mode raises on a blocking copy). It stages into its own folder, so its stats and verdicts never
 # mix with a CPU run's, and a run stopped part way resumes where it stopped.
 CUDA_STAGING = REPO / "build" / "mutmut-cuda"
-CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_sync.py", *SUITE[1:])
+CUDA_SUITE = ("tests/engine/test_cuda_path.py", "tests/bench/test_cuda_bench.py", "gates/no_sync.py", *SUITE[1:])
 # mutmut's default isolation runs the clean tests in its own process and forks each mutant's
 # child from it: after CUDA tests ran there, no child can start CUDA. A CUDA run takes mutmut's
 # fork server instead, a process that imports the suite but runs no test, and runs the stats and
@@ -64,7 +76,7 @@ CUDA_SUITE = ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_s
 DESELECTED = ("gates/lossless.py::test_sampled_runs_emit_the_target_distribution",
               "gates/lossless.py::test_negative_control_lossy_engine_fails_the_distribution_test",
               "gates/predicate_split.py::test_mixed_batches_async_equals_sync",
-              "tests/test_spec_decode.py::test_greedy_spec_equals_plain_under_preemption")
+              "tests/engine/test_spec_decode.py::test_greedy_spec_equals_plain_under_preemption")
 # pytest's unraisableexception plugin runs gc.collect() five times as each session ends: in a child
 # forked from a process holding torch, that is 0.2-0.3 s a mutant (a third of a typical kill), and
 # an unraisable exception only ever makes a warning, never a verdict.
@@ -89,7 +101,6 @@ def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
     reset = 0
     if stamp.exists() and stamp.read_text() != fingerprint:
         reset = forget_suite(staging)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", *UNSTAGED_TESTS)
     for name in STAGED:
         for root in (staging, staging / "mutants"):
             target = root / name
@@ -97,7 +108,7 @@ def stage(staging: Path = STAGING, suite: tuple[str, ...] = SUITE) -> int:
                 shutil.rmtree(target)  # a removed test must not linger in either copy
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, staging / name, ignore=ignore, dirs_exist_ok=True)
+            shutil.copytree(src, staging / name, ignore=_ignored, dirs_exist_ok=True)
         else:
             shutil.copy2(src, staging / name)
     shutil.copy2(PLUGIN, staging / STAGED_PLUGIN)
@@ -131,7 +142,8 @@ def suite_fingerprint(suite: tuple[str, ...] = SUITE) -> str:
         files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
             if src.is_dir() else [src]
         for f in files:
-            if f.name not in UNSTAGED_TESTS and not is_mutated(f.relative_to(REPO).as_posix()):
+            rel = f.relative_to(REPO).as_posix()
+            if is_staged(rel) and not is_mutated(rel):
                 h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
@@ -178,6 +190,7 @@ def staging_config(suite: tuple[str, ...] = SUITE) -> str:
         "# Generated by `specgate mutate` (mutants/mutation/mutate.py); edits are overwritten.",
         "[tool.pytest.ini_options]",
         'addopts = "-p no:cacheprovider"',
+        f"pythonpath = {json.dumps(pytest_ini['pythonpath'])}",
         f"markers = {json.dumps(pytest_ini['markers'])}",
         "",
         "[tool.mutmut]",

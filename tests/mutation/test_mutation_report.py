@@ -17,7 +17,7 @@ from mutants.mutation.diff import locate, mutator_name
 from mutants.mutation.report import markdown, score_line, stryker_report, summarise, write_reports
 from mutants.mutation.record import MutantRecord, STATUSES
 
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "mutants" / "mutation" / "mutation-testing-report.schema.json")
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "mutants" / "mutation" / "mutation-testing-report.schema.json")
                     .read_text())
 
 VERIFY = '''"""Sample verify."""
@@ -87,7 +87,7 @@ def record(n: int, function: str, status: str, old: str, new: str, occurrence: i
 
 @pytest.fixture
 def records() -> list[MutantRecord]:
-    tests = ("tests/test_verify.py::test_greedy", "tests/test_verify.py::test_prefix[3]")
+    tests = ("tests/engine/test_verify.py::test_greedy", "tests/engine/test_verify.py::test_prefix[3]")
     return [
         MutantRecord("engine.verify.x_greedy_verify__mutmut_1", "engine/verify.py", "greedy_verify", "survived",
                      BRIEF_DIFF, covered_by=tests, seconds=1.5),
@@ -96,7 +96,7 @@ def records() -> list[MutantRecord]:
         record(3, "greedy_verify", "timeout", "accepted = matches.cumprod(dim=1).sum(dim=1)", "accepted = None",
                covered_by=tests, seconds=30.0),
         record(1, "ModelRunner.execute", "killed", "total = plan.tokens + self.width",
-               "total = plan.tokens - self.width", covered_by=("tests/test_engine.py::test_step",)),
+               "total = plan.tokens - self.width", covered_by=("tests/engine/test_engine.py::test_step",)),
         record(2, "ModelRunner.execute", "survived", "if plan.done is None:", "if plan.done is not None:",
                equivalent="both branches return total + 1"),
         record(3, "ModelRunner.execute", "no tests", "return total + 1", "return total - 1", occurrence=2),

@@ -12,7 +12,7 @@ from engine import SamplingParams
 from engine.policy import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import first_difference, verify_steps
 from gates.workloads import MIXED_REFUSALS, no_immediate_repeat, workloads
-from strategies import examples
+from helpers.strategies import examples
 
 
 def run(make_llm, batch, processor_mask, **kwargs):
@@ -74,7 +74,7 @@ def test_every_refusal_kind_shares_steps_with_device_fed_requests(make_llm):
 def test_tokens_past_the_end_are_never_emitted(make_llm):
     """The async runner learns of a finish one step late; what the device produced after it
     must not reach the output."""
-    from strategies import PROMPT_POOL
+    from helpers.strategies import PROMPT_POOL
     prompts = PROMPT_POOL[:4]
     params = [SamplingParams(temperature=0, max_tokens=m) for m in (1, 2, 5, 9)]
     sync = make_llm(spec="ngram", num_spec_tokens=4, async_runner=False).generate(prompts, params)
@@ -106,7 +106,7 @@ def test_veto(make_llm, monkeypatch, caplog):
 def test_async_host_never_waits_on_the_step_it_just_launched(make_llm, spec):
     """Counted where the host reads device results: the sync runner blocks once per step; the
     async runner reads step t's results only after step t+1 is queued, except the final drain."""
-    from strategies import PROMPT_POOL
+    from helpers.strategies import PROMPT_POOL
     params = SamplingParams(temperature=0, max_tokens=24)
     sync = make_llm(spec=spec, async_runner=False, trace=True)
     sync.generate(PROMPT_POOL[:4], params)
@@ -118,7 +118,7 @@ def test_async_host_never_waits_on_the_step_it_just_launched(make_llm, spec):
 
 @pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
 def test_graph_arm_padding_never_reaches_outputs_or_metrics(make_llm, async_runner):
-    from strategies import PROMPT_POOL
+    from helpers.strategies import PROMPT_POOL
     params = SamplingParams(temperature=0, max_tokens=30)
     eager = make_llm(spec="ngram", num_spec_tokens=3, async_runner=async_runner).generate(PROMPT_POOL[:3], params)
     llm = make_llm(spec="ngram", num_spec_tokens=3, async_runner=async_runner, graph=True, trace=True)

@@ -1,11 +1,11 @@
 """The bench's figures (what the PNG draws and the JSON holds): tokens/s per leg with the warm
 legs marked and the fold, and only for spec runs τ per leg and acceptance per draft position.
-The PNG is read back from the matplotlib Figure `plot` saved (tests/plotted.py)."""
+The PNG is read back from the matplotlib Figure `plot` saved (tests/helpers/plotted.py)."""
 import matplotlib
 from cycler import cycler
 
 from engine.bench.legs import Leg, figures, plot
-from plotted import drawn, figure, png_size
+from helpers.plotted import drawn, figure, png_size
 
 C0, C1, C2, GREY, WHITE = "#1f77b4", "#ff7f0e", "#2ca02c", "#808080", "#ffffff"  # matplotlib's first colours
 

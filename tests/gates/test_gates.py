@@ -1,5 +1,5 @@
 """The gates harness: the registry, `specgate gates list`, and the report's statuses in JSON and
-JUnit. That every gate's checks go red on a doctored trace is tests/test_gate_checks.py's."""
+JUnit. That every gate's checks go red on a doctored trace is tests/gates/test_gate_checks.py's."""
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -32,7 +32,7 @@ def test_a_bad_gate_definition_is_refused():
 
 def test_gates_list_shows_names_purposes_needs_and_the_defects_handed_in(capsys):
     """Which defects prove a gate comes from the catalogue, a layer above: the gates' command
-    lists what it is handed (tests/test_prove.py checks `specgate gates list` on the real join)."""
+    lists what it is handed (tests/proof/test_prove.py checks `specgate gates list` on the real join)."""
     import argparse
     from gates.cli import add_gates_parser
     ap = argparse.ArgumentParser()

@@ -14,7 +14,7 @@ from engine.block_drafter import mismatch_with_target
 from gates import report
 from gates.workloads import drafter_skips
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _test(outcome="passed", cases=1):

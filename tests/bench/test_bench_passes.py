@@ -16,7 +16,7 @@ from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
 from engine.bench.workload import Workload
-from clock import Clock
+from helpers.clock import Clock
 
 WORKLOAD = Workload(("ab", "cde"), max_tokens=(4, 6), arrival_steps=(0, 2))
 

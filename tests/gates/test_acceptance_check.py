@@ -14,7 +14,7 @@ from engine.trace import StepTrace
 from engine.bench.workload import Workload
 from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
 from gates.compare import Difference
-from traces import record
+from helpers.traces import record
 
 IDENTITY = "completion = prefills + verify steps + accepted - truncated"
 

@@ -4,7 +4,7 @@ and context lengths in one flattened batch (prefill, decode and verify rows toge
 block tables that are shuffled and padded with the sink block. On the CPU flex_attention runs
 its unfused reference implementation (which applies mask_mod over the whole cache and ignores
 the block list), so one case also runs the compiled CPU kernel, which reads only the listed
-blocks. tests/test_cuda_path.py runs the same comparison with the CUDA kernel."""
+blocks. tests/engine/test_cuda_path.py runs the same comparison with the CUDA kernel."""
 import warnings
 
 import pytest

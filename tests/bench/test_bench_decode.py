@@ -1,7 +1,7 @@
 """The decode benchmark (engine/bench/decode.py) on a stand-in clock and stand-in engines, so every
 figure is a known answer: the copy bandwidth, one timed decode window, the median over legs,
 the report of every arm, and the floor's bytes and milliseconds. (The timer on the real engine:
-tests/test_bench_1b.py.)"""
+tests/bench/test_bench_1b.py.)"""
 import json
 from dataclasses import asdict
 from types import SimpleNamespace

@@ -16,7 +16,7 @@ from mutants.mutation import merge as mutation_merge, ratchet, results, run as m
 from mutants.mutation.report import write_reports
 from mutants.mutation.results import Equivalent
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CALC = ("def add(a, b):\n    return a + b\n\n\n"
         "def scale(x, k=3):\n    return x * k\n\n\n"
         "def half(x):\n    return x // 2\n")
@@ -198,7 +198,7 @@ def test_a_cuda_only_run_stages_its_own_suite_in_its_own_folder(tmp_path):
 
     from mutants.mutation.stage import CUDA_STAGING, CUDA_SUITE, STAGING, SUITE, stage
     assert CUDA_STAGING != STAGING and CUDA_STAGING.parent == STAGING.parent
-    assert CUDA_SUITE[:3] == ("tests/test_cuda_path.py", "tests/test_cuda_bench.py", "gates/no_sync.py")
+    assert CUDA_SUITE[:3] == ("tests/engine/test_cuda_path.py", "tests/bench/test_cuda_bench.py", "gates/no_sync.py")
     assert set(CUDA_SUITE[3:]) == set(SUITE) - {"tests"} and "gates/no_sync.py" not in SUITE
     assert all((REPO / path).is_file() for path in CUDA_SUITE) and len(CUDA_SUITE) > 3
     stage(tmp_path / "cpu")

@@ -1,7 +1,7 @@
 """The oracle's parts without an engine run (engine/bench/oracle.py): the acceptance it solves for and
 the moments of T, its hashes (pinned: every earlier oracle measurement corrupted these drafts),
 the drafts it proposes for a request near and past the end of its known sequence, and its
-refusals, word for word. tests/test_oracle.py runs it in the engine."""
+refusals, word for word. tests/bench/test_oracle.py runs it in the engine."""
 from types import SimpleNamespace
 
 import pytest

@@ -1,5 +1,5 @@
 """A stand-in for the `time` module's two clocks, set by the test (tests/conftest.py's bench runs,
-tests/test_bench_passes.py)."""
+tests/bench/test_bench_passes.py)."""
 from dataclasses import dataclass
 
 

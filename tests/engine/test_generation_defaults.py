@@ -1,6 +1,6 @@
 """A folder's generation_config.json read on its own (GenerationDefaults.from_dir): which end ids
 and which default sampling a request without SamplingParams gets, as transformers' generate
-would, and the ids it refuses. The end-to-end runs are in tests/test_hf_checkpoints.py."""
+would, and the ids it refuses. The end-to-end runs are in tests/engine/test_hf_checkpoints.py."""
 import dataclasses
 import json
 

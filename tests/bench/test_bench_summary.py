@@ -4,7 +4,7 @@ bounds, the table as printed, the report files it reads, and the PNG read back f
 import json
 
 from engine.bench.summary import plot, summarize, summarize_files, table, targets
-from plotted import drawn, figure, png_size
+from helpers.plotted import drawn, figure, png_size
 
 
 def decode_report(ms: dict[str, dict[str, float]], floor: dict[str, float], gpu: str | None = "H200",

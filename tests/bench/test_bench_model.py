@@ -18,7 +18,7 @@ from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE, weight_files
 from engine.loader import weights_sha256
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("hf-folders")
 
 

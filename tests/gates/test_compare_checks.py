@@ -129,7 +129,7 @@ def test_the_compared_steps_do_not_depend_on_the_order_of_a_step_s_rows():
     """A prefill row before a verify row in one step (an order the engine does not write, but a
     checker must not assume): the verify row is still compared."""
     from engine.trace import StepTrace
-    from traces import record
+    from helpers.traces import record
     verify_row, prefill_row = record(0, 3, [10, 11], [11], 1, [11, 12]), record(1, 0, [7, 8], sampled=[9], prefill=True)
     for rows in ([verify_row, prefill_row], [prefill_row, verify_row]):
         trace = [StepTrace(4, "async/eager", requests=rows)]

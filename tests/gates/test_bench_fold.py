@@ -13,7 +13,7 @@ from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.bench.workload import Workload
 from gates.bench_fold import fold_records, report_difference
-from strategies import examples
+from helpers.strategies import examples
 
 
 @st.composite

@@ -3,7 +3,7 @@ engine/model.py: the same greedy tokens and, per step and request, the same emit
 drafters and both arms, on Hypothesis batch compositions (several requests, mixed lengths and
 arrivals). The Hypothesis cases run the fused functions uncompiled (fast, and what inductor
 compiles); one case runs inductor's CPU compile itself, with the block drafter reading the
-target's hidden states, the async runner and the graph arm. tests/test_cuda_path.py runs the
+target's hidden states, the async runner and the graph arm. tests/engine/test_cuda_path.py runs the
 compiled step on CUDA, inside the graphs."""
 import dataclasses
 import os
@@ -19,7 +19,7 @@ from engine.loader import load_model
 from engine.verify import verify
 from gates.compare import first_difference, verify_steps
 from gates.workloads import workloads
-from strategies import examples
+from helpers.strategies import examples
 
 
 def run(llm, batch, temperature=0.0):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from gates.registry import GATES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SKIP = {".git", ".venv", "build", "reports", "node_modules", ".hypothesis", ".pytest_cache"}
 
 

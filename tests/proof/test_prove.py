@@ -1,7 +1,7 @@
 """The seeded-defect catalogue and `specgate prove`: every patch applies exactly to this tree, a
 patch that no longer applies is reported stale, planting a defect never touches the working
 tree, and the driver plants, runs and cleans up with a stand-in for the gate runs. The matrix's
-judgement is tests/test_matrix.py's; the real gate runs are `make prove`'s job, not this suite's."""
+judgement is tests/proof/test_matrix.py's; the real gate runs are `make prove`'s job, not this suite's."""
 import hashlib
 import json
 import re
@@ -24,7 +24,7 @@ from mutants.proof.prove import ProveOptions, add_prove_parser, prove, stale_che
 # Each runs whole gate sessions in subprocesses: left out of mutation runs.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def read_repo(rel):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from engine import SamplingParams
 from gates.workloads import workloads
-from strategies import MAX_TOKENS, PROMPT_POOL, examples
+from helpers.strategies import MAX_TOKENS, PROMPT_POOL, examples
 
 DRAFTERS = ["ngram", "block"]
 

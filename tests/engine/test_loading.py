@@ -379,7 +379,7 @@ def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_fol
 
     from engine.bench.load_cost import measure_load
     from engine.loader import load_model
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "load.json"
     proc = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--model", str(llama3_sharded_dir),
                            "--measure-load", "--json", str(out)], cwd=repo, capture_output=True, text=True,

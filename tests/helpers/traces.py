@@ -1,5 +1,5 @@
-"""Hand-built trace rows for the checks that read an engine trace (tests/test_trace_invariants.py,
-tests/test_acceptance_check.py)."""
+"""Hand-built trace rows for the checks that read an engine trace (tests/gates/test_trace_invariants.py,
+tests/gates/test_acceptance_check.py)."""
 from engine.trace import RequestTrace
 
 

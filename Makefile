@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt py
 # One torch thread: deterministic, fast on 2 cores, and safe for mutmut's forked children.
 export OMP_NUM_THREADS ?= 1
 # Processes at once: pytest-xdist workers for `make test`, gate processes for `make gates`,
-# trees for `make prove` (README, "Speed").
+# trees for `make prove` (docs/speed.md).
 JOBS ?= $(shell env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 2)
 # JOBS=1: the test suite in this process (-n 0), without xdist workers.
 XDIST = $(if $(filter 1,$(JOBS)),-n 0,-n $(JOBS) --dist loadgroup)

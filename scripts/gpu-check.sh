@@ -17,7 +17,7 @@
 # check the stages' plumbing.
 #
 # The GPU machine has torch, transformers, safetensors, scipy, pytest and hypothesis but no
-# internet: a package it lacks travels as wheels in .whl/ (README, "On the GPU"). It brings back
+# internet: a package it lacks travels as wheels in .whl/ (docs/gpu.md). It brings back
 # at most 8 files: PACK=1 packs every report into $OUT/gpu-check.tar.gz at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

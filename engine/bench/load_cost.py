@@ -45,7 +45,7 @@ class LoadMeasurement:
 
 def measure_load(model_dir: str | os.PathLike, device: str = "cpu",
                  dtype: torch.dtype | None = None) -> tuple[LoadMeasurement, torch.nn.Module]:
-    """Load time and peak host memory of load_model (issue 17's load numbers for README), and the
+    """Load time and peak host memory of load_model (the load figures in docs/checkpoints.md), and the
     model it loaded."""
     cuda = device.startswith("cuda")
     if cuda:

@@ -362,8 +362,8 @@ def main(argv=None) -> int:
     b.set_defaults(func=cmd_bench)
     add_bench_model_parser(sub)
     from gates.cli import add_gates_parser
-    from mutants.proof.catalogue import proven_against
     from mutants.mutation.mutate import add_mutate_parser
+    from mutants.proof.catalogue import proven_against
     from mutants.proof.prove import add_prove_parser
     add_gates_parser(sub, proven_against(g.name for g in GATES))
     add_prove_parser(sub)

@@ -1,7 +1,7 @@
 """The MLP activations a Llama config.json may name (`hidden_act`), computed as transformers'
 activations.py computes them, so a non-SiLU checkpoint gives transformers' tokens."""
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

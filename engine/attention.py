@@ -16,8 +16,8 @@ Two backends (EngineConfig.attention_backend):
   is compiled (engine.attention.flex_kernels); the host never reads a device value.
 """
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -25,8 +25,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, context_slots
 from engine.config import EngineConfig, ModelConfig, read_config_json, require_fields
 from engine.errors import ModelLoadError, SpecgateError
-from engine.loader import WEIGHTS_FILE, load_weights, read_state_dict
-from engine.loader import file_sha256
+from engine.loader import WEIGHTS_FILE, file_sha256, load_weights, read_state_dict
 from engine.model import DecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
 from engine.proposers import ProposeInput, Proposer
 from engine.sampling import STREAM_DRAFT, sample_from_probs

@@ -18,8 +18,8 @@ call on the CPU for a 2M-slot cache, measured). The rotary angles are computed o
 once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters
 as views of it, so a checkpoint still loads and the memory is not doubled.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from engine.activations import ACTIVATIONS
 from engine.attention import AttentionMetadata, compile_fullgraph, read_cache, sdpa_read, write_cache
 from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
+
 
 @dataclass(frozen=True)
 class PackedLayer:

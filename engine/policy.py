@@ -13,8 +13,8 @@ the host learns every result one step late. That one fact decides, and only here
   full history on the host;
 - the route label the trace records.
 """
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from engine.request import Request
 

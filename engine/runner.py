@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import build_attention_metadata, flex_kernels
+from engine.clock import NullClock
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
 from engine.fused import FusedForward, compiled, compiled_kernels
-from engine.logits import gather_logits
 from engine.host_sync import DeclaredSyncs
-from engine.clock import NullClock
+from engine.logits import gather_logits
 from engine.model import LlamaForCausalLM
 from engine.policy import RunnerPolicy
 from engine.proposers import ProposeInput, Proposer

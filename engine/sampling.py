@@ -7,8 +7,8 @@ the batch, which runner ran it, or whether it was preempted and resumed. A seede
 request draws its key from the engine's generator.
 """
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

@@ -73,7 +73,7 @@ def fold_difference(legs: list, workload, drafter: str) -> Difference | None:
     return report_difference(bench.report(legs, workload, {"spec": drafter}))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def heldout_workload(corpus, temperature: float) -> bench.Workload:
     return bench.heldout_workload(corpus, num_prompts=4, max_tokens=24, temperature=temperature)
 

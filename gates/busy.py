@@ -34,8 +34,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from gates.measure import (BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median,
-                           submission_intervals)
+from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
 from gates.plugin import DEFAULT_MODELS, option
 from gates.workloads import PROMPTS
 

@@ -84,10 +84,10 @@ def cmd_run(args) -> int:
     from engine.errors import SpecgateError
     checks = (("--model", args.model, ModelConfig.from_dir),
               ("--drafter", args.drafter, lambda d: read_config_json(Path(d), "drafter")))
-    for flag, folder, check in checks:
+    for flag, given, check in checks:
         try:
-            if folder:  # refused here in one line, not after a pytest session's worth of output
-                check(folder)
+            if given:  # refused here in one line, not after a pytest session's worth of output
+                check(given)
         except SpecgateError as e:
             print(f"specgate: error: argument {flag}: {e}", file=sys.stderr)
             return 2

@@ -7,8 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gates.compare import runs_difference
-from gates.workloads import (DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE,
-                             gate_settings, run_pair, workloads)
+from gates.workloads import (
+    DRAFTERS,
+    GRAPH_PADDING,
+    GRAPH_PADDING_ENGINE,
+    MIXED_REFUSALS,
+    MIXED_REFUSALS_ENGINE,
+    gate_settings,
+    run_pair,
+    workloads,
+)
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "device-fed rows compared", "preemption", "eager arm",
           "graph arm", "graph step with padding rows", "host-history request")

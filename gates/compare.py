@@ -57,7 +57,7 @@ def device_inputs(rec: RequestTrace) -> dict:
 def first_difference(expected: dict, actual: dict, field: str) -> Difference | None:
     """Compare `field` ('emit_count' or 'device_inputs') over the keys both runs reached."""
     for key in sorted(expected.keys() & actual.keys()):
-        (step_e, rec_e), (step_a, rec_a) = expected[key], actual[key]
+        (_, rec_e), (step_a, rec_a) = expected[key], actual[key]
         want, got = ((rec_e.emit_count, rec_a.emit_count) if field == "emit_count"
                      else (device_inputs(rec_e), device_inputs(rec_a)))
         if want != got:

@@ -17,9 +17,19 @@ from hypothesis import strategies as st
 from gates.compare import runs_difference
 from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
 from gates.reference import reference_difference
-from gates.workloads import (CONTEXT_LIMIT, DRAFTERS, GRAPH_PADDING, GRAPH_PADDING_ENGINE,
-                             MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, context_limit_engine, gate_settings, params, run_pair,
-                             workloads)
+from gates.workloads import (
+    CONTEXT_LIMIT,
+    DRAFTERS,
+    GRAPH_PADDING,
+    GRAPH_PADDING_ENGINE,
+    MIXED_REFUSALS,
+    MIXED_REFUSALS_ENGINE,
+    context_limit_engine,
+    gate_settings,
+    params,
+    run_pair,
+    workloads,
+)
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts rejected",
           "async emitted more than one token in a step", "preemption", "graph arm",

@@ -21,16 +21,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from gates import distribution
-from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
 from engine.verify import verify
+from gates import distribution
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
+from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
 from gates.plugin import SESSION_PLUGIN
-from gates.reference import (bigram_repeats, dtype_difference, near_tie_difference, reference_difference,
-                              teacher_forced_logits)
-from gates.workloads import (DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run,
-                             workloads)
+from gates.reference import (
+    bigram_repeats,
+    dtype_difference,
+    near_tie_difference,
+    reference_difference,
+    teacher_forced_logits,
+)
+from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run, workloads
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
           "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
@@ -219,6 +223,7 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     outs = {}
     # The graph arm once per drafter (t1): seeded tokens equal, so the PIT test covers it too.
     arms = ((False, False), (True, False), (True, True)) if sampling == "t1" else ((False, False), (True, False))
+    sync_llm = None  # the first arm's: the sync runner's engine
     for async_runner, graph in arms:
         llm = make_llm(spec=drafter, num_spec_tokens=4, max_num_seqs=32, max_num_batched_tokens=4096,
                        async_runner=async_runner, graph=graph, trace=graph or not async_runner)
@@ -251,7 +256,7 @@ def test_sampled_runs_emit_the_target_distribution(make_llm, gate_record, drafte
     gate_record.measure(drafter=drafter, sampling=sampling, draft_tokens=drafted, accepted=accepted,
                         tests={name: {"values": n, "p_value": pv} for name, (n, pv) in tests.items()})
     gate_record.evidence(tests=tests, threshold=P_VALUE_THRESHOLD)
-    for name, (n, p_value) in tests.items():
+    for name, (_, p_value) in tests.items():
         assert p_value > P_VALUE_THRESHOLD, f"sampled {name} are not distributed as the target (PIT p={p_value:.2e})"
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
-from engine.block_drafter import mismatch_with_target
 from engine.bench.workload import Workload
+from engine.block_drafter import mismatch_with_target
 
 DRAFTERS = ("ngram", "block")
 

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from engine.bench.metrics import PHASES, Acceptance, StepPhases
-from engine.clock import NullClock
 from engine.bench.oracle import OracleScript
 from engine.bench.workload import Workload
+from engine.clock import NullClock
 
 
 @dataclass

@@ -33,7 +33,7 @@ def summarize(decode: dict | None, peer: dict | None = None, load: dict | None =
         for c, p in peer["per_concurrency"].items():
             row = rows.setdefault(c, {})
             row["transformers_ms_per_step"] = p["ms_per_step"]
-            for arm, r in list(row.items()):
+            for r in list(row.values()):
                 if isinstance(r, dict) and "ms_per_step" in r:
                     r["peer_speedup"] = round(p["ms_per_step"] / r["ms_per_step"], 3)
     out["spec_rows"] = _spec_rows(spec or {})

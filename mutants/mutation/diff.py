@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from mutants.mutation.record import MutantRecord
 
-
 _TOKEN = re.compile(r"""[rRbBuUfF]{0,2}('''|\"\"\"|'|")(?:\\.|(?!\1).)*?\1   # a string literal
     | \d[\w.]* | \w+ | \*\*=? | //=? | <<=? | >>=? | -> | := | [-+*/%@&|^<>=!]= | \S""", re.X | re.S)
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from mutants.mutation.ratchet import baseline_record, load_baseline, ratchet, stale_equivalents, update_baseline
-from mutants.mutation.report import score_line, summarise, write_reports
 from mutants.mutation.record import MutantRecord
+from mutants.mutation.report import score_line, summarise, write_reports
 from mutants.mutation.results import load_equivalents
 from mutants.mutation.stage import REPO
 

@@ -17,15 +17,32 @@ from dataclasses import replace
 from pathlib import Path
 
 from gates.argtypes import int_at_least
-from mutants.mutation.ratchet import (baseline_commit, baseline_record, load_baseline, ratchet, stale_equivalents,
-                                      update_baseline)
-from mutants.mutation.report import score_line, summarise, write_reports
+from mutants.mutation.ratchet import (
+    baseline_commit,
+    baseline_record,
+    load_baseline,
+    ratchet,
+    stale_equivalents,
+    update_baseline,
+)
 from mutants.mutation.record import MutantRecord
+from mutants.mutation.report import score_line, summarise, write_reports
 from mutants.mutation.results import cached_verdicts, load_equivalents, read_results
-from mutants.mutation.shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
 from mutants.mutation.run import CUDA_RUN_ENV, changed_functions, git, run_mutmut
-from mutants.mutation.stage import (CUDA_STAGING, CUDA_SUITE, MUTATED_GATES, REPO, SOURCE, STAGING, SUITE,
-                                    drop_stale_stats, record_stats_functions, stage, suite_fingerprint)
+from mutants.mutation.shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
+from mutants.mutation.stage import (
+    CUDA_STAGING,
+    CUDA_SUITE,
+    MUTATED_GATES,
+    REPO,
+    SOURCE,
+    STAGING,
+    SUITE,
+    drop_stale_stats,
+    record_stats_functions,
+    stage,
+    suite_fingerprint,
+)
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,

@@ -4,10 +4,10 @@ rises within the scope it measured, and the ratchet that decides whether a run f
 """
 import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from mutants.mutation.record import MutantRecord, RUN_FAILURES
+from mutants.mutation.record import RUN_FAILURES, MutantRecord
 from mutants.mutation.results import EQUIVALENTS, Equivalent, mutated_line
 from mutants.mutation.stage import REPO, SCOPE
 
@@ -120,7 +120,7 @@ def update_baseline(summary: dict, commit: str, path: Path = BASELINE, scope: tu
                          f"the baseline only rises")
     path.write_text(json.dumps({"test_strength": round(new, 6), "killed": summary["killed"],
                                 "total": summary["total"], "commit": commit,
-                                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                                "date": datetime.now(UTC).strftime("%Y-%m-%d"),
                                 "scope": list(scope)}, indent=2) + "\n")
     if old is None:
         return f"baseline: test strength {new:.2%} (was none)"

@@ -94,7 +94,8 @@ def matches(name: str, patterns: list[str]) -> bool:
 
 def mutated_line(diff: str) -> str:
     """The first line a mutant adds, stripped ('' when it only removes)."""
-    return next((l[1:].strip() for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++")), "")
+    return next((line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")),
+                "")
 
 
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, Equivalent]:

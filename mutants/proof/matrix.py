@@ -18,6 +18,7 @@ report functions (text_table, markdown, report) read it.
 from dataclasses import asdict, dataclass, field
 
 from gates.report import ERROR, GREEN, RED, SKIPPED, GateResult
+
 # How a whole tree's run ended.
 RAN, STALE, NEEDS_CUDA, TIMEOUT, FAILED_TO_RUN = "ran", "stale", "needs CUDA", "timeout", "could not run"
 CLEAN = "clean tree"
@@ -127,7 +128,7 @@ def judge(defects, runs: dict[str, TreeRun], clean: TreeRun | None, gate_needs: 
         problems.append(f"{CLEAN}: {clean.status if clean else 'not run'}"
                         + (f": {clean.detail.splitlines()[0]}" if clean and clean.detail else ""))
     else:
-        for gate, needs in gate_needs.items():
+        for gate in gate_needs:
             status = clean.cell(gate)
             if status in (RED, ERROR) or (status in (None, SKIPPED) and could_run(gate)):
                 reason = clean.reason(gate)

@@ -27,7 +27,8 @@ from pathlib import Path
 from gates import timings
 from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
-from mutants.proof import html as proof_html, matrix
+from mutants.proof import html as proof_html
+from mutants.proof import matrix
 from mutants.proof.apply import StalePatch, copy_tree, patched_files
 from mutants.proof.catalogue import Defect, by_name
 from mutants.proof.matrix import CLEAN, NEEDS_CUDA, RAN, STALE, Proof, TreeRun

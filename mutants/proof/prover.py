@@ -17,10 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from gates.report import GateReport, GateResult
-
+from mutants.child_env import child_env
 from mutants.proof.apply import StalePatch, apply_patch
 from mutants.proof.catalogue import Defect
-from mutants.child_env import child_env
 from mutants.proof.matrix import FAILED_TO_RUN, RAN, STALE, TIMEOUT, TreeRun
 
 PACKAGES = ("engine", "gates", "mutants", "fixtures")

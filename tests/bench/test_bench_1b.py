@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.bench.decode import mean_context, plain_step_bytes, floor_ms, time_decode
+from engine.bench.decode import floor_ms, mean_context, plain_step_bytes, time_decode
 from engine.bench.models import SHAPES, bench_prompts, config_dict
 from engine.bench.peer import time_generate, transformers_peer
-from engine.bench.summary import summarize, table, plot
+from engine.bench.summary import plot, summarize, table
 from engine.config import ModelConfig
 from engine.loader import load_model
 

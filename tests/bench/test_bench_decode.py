@@ -11,7 +11,15 @@ import torch
 
 import engine
 from engine.bench import decode as bench_decode
-from engine.bench.decode import DecodeLeg, StepBytes, copy_bandwidth, decode_report, floor_ms, measure_decode, time_decode
+from engine.bench.decode import (
+    DecodeLeg,
+    StepBytes,
+    copy_bandwidth,
+    decode_report,
+    floor_ms,
+    measure_decode,
+    time_decode,
+)
 from engine.bench.models import SHAPES, bench_prompts, config_dict
 from engine.sampling import SamplingParams
 

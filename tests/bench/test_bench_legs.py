@@ -9,8 +9,8 @@ import pytest
 
 from engine.bench import legs as bench
 from engine.bench.legs import Leg, fold, is_warm, run_leg
-from engine.bench.workload import Workload
 from engine.bench.metrics import Acceptance, StepPhases
+from engine.bench.workload import Workload
 from engine.clock import NullClock
 from engine.outputs import RequestOutput
 from engine.request import RequestStats

@@ -11,12 +11,21 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.bench.models import (DECISIVE_BLOCK_SCALE, MARKER_FILE, SHAPES, bench_prompts, config_dict, default_dir,
-                                random_tensor, successors, tensor_shapes, write_bench_model)
+from engine.bench.models import (
+    DECISIVE_BLOCK_SCALE,
+    MARKER_FILE,
+    SHAPES,
+    bench_prompts,
+    config_dict,
+    default_dir,
+    random_tensor,
+    successors,
+    tensor_shapes,
+    write_bench_model,
+)
 from engine.config import ModelConfig
 from engine.errors import SpecgateError
-from engine.loader import INDEX_FILE, weight_files
-from engine.loader import weights_sha256
+from engine.loader import INDEX_FILE, weight_files, weights_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("hf-folders")

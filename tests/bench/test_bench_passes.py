@@ -12,10 +12,10 @@ from engine.bench import legs as bench
 from engine.bench.legs import Leg
 from engine.bench.metrics import Acceptance
 from engine.bench.oracle import OracleScript
+from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.sampling import SamplingParams
-from engine.bench.workload import Workload
 from helpers.clock import Clock
 
 WORKLOAD = Workload(("ab", "cde"), max_tokens=(4, 6), arrival_steps=(0, 2))
@@ -104,7 +104,7 @@ def test_the_oracle_bench_runs_plain_legs_then_the_plain_script_run_then_oracle_
     # The plain engine's third call is the run the script holds: the legs' prompts and arrivals,
     # greedy, EOS ignored, k more tokens each.
     params = [SamplingParams(temperature=0.0, max_tokens=m + 3, ignore_eos=True) for m in (4, 6)]
-    for c, _, engine in built[::2]:
+    for _, _, engine in built[::2]:
         assert len(engine.calls) == 3 and engine.calls[2] == (["ab", "cde"], params, [0, 2])
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TensorCopies  # tests/conftest.py
 from engine import SamplingParams
 from engine.bench.workload import Workload
-
-from conftest import TensorCopies  # tests/conftest.py
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -15,10 +15,9 @@ from safetensors.torch import save_file
 
 import engine
 from engine.bench import load_cost
+from engine.bench.load_cost import LoadMeasurement, child_main, measure_load_in_child, memory_mib, shard_figures
 from engine.bench.models import SHAPES, tensor_shapes
 from engine.errors import SpecgateError
-from engine.bench.load_cost import child_main, measure_load_in_child, memory_mib, shard_figures
-from engine.bench.load_cost import LoadMeasurement
 from engine.loader import INDEX_FILE
 
 STATUS = """Name:\tpython3

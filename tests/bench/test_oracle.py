@@ -11,16 +11,14 @@ of a truncated geometric law with mean τ and standard deviation σ_T
 |τ̂ - τ| <= Z·σ_T/√N with Z = 4 (false alarm about 6e-5). Negative control: a run asking for a τ
 one token higher lands outside the same band."""
 import pytest
-import torch
 
+from conftest import TensorCopies  # tests/conftest.py
 from engine import SamplingParams
 from engine.bench.legs import oracle_script
-from engine.errors import RequestError, SpecgateError
 from engine.bench.metrics import Acceptance
 from engine.bench.oracle import OracleScript, acceptance_for_tau, oracle_proposer, tokens_per_step_moments
 from engine.bench.workload import Workload
-
-from conftest import TensorCopies  # tests/conftest.py
+from engine.errors import RequestError, SpecgateError
 
 K = 4
 Z = 4.0

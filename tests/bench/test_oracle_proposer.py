@@ -7,9 +7,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from engine.bench.oracle import (
+    MASK32,
+    OracleProposer,
+    OracleScript,
+    _mix32,
+    acceptance_for_tau,
+    corrupted,
+    oracle_proposer,
+    request_key32,
+    tokens_per_step_moments,
+)
 from engine.errors import SpecgateError
-from engine.bench.oracle import (MASK32, OracleProposer, OracleScript, _mix32, acceptance_for_tau, corrupted,
-                           oracle_proposer, request_key32, tokens_per_step_moments)
 from engine.proposers import ProposeInput
 from engine.tokenizer import PAD_ID
 

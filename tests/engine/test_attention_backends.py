@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import flex_attention
 
-from engine.attention import (RECOMPILE_LIMIT, build_attention_metadata, compile_fullgraph, flex_kernels,
-                              paged_attention)
+from engine.attention import RECOMPILE_LIMIT, build_attention_metadata, compile_fullgraph, flex_kernels, paged_attention
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
 

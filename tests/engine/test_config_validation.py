@@ -4,6 +4,7 @@ first refused one is refused with a message that names the field, its range and 
 Pure unit tests of EngineConfig, ModelConfig, DrafterConfig, the byte tokenizer's decode and the
 async-runner veto: no model is loaded."""
 import logging
+
 import pytest
 
 from engine.block_drafter import DrafterConfig

@@ -33,7 +33,7 @@ def engine(**kwargs) -> LLM:
     return LLM(TARGET_DIR, **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alone(prompt: str, params_key: tuple) -> tuple[tuple[int, ...], str]:
     """(tokens, finish_reason) of one request run by itself on the sync runner."""
     fields = dict(params_key)

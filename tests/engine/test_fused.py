@@ -122,8 +122,8 @@ def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, tempe
     metadata, the logits gather, verify (the sampler) and the n-gram proposer; the block drafter
     (aux hidden states) or ngram, async runner, graph arm, a mixed batch with late arrivals;
     greedy, and seeded sampling with top-k and top-p."""
-    from gates.workloads import MIXED_REFUSALS
     from engine.logits import gather_logits
+    from gates.workloads import MIXED_REFUSALS
     batch = MIXED_REFUSALS
     kwargs = dict(spec=drafter, num_spec_tokens=3, graph=True, async_runner=True, max_num_seqs=4, trace=True)
     compiled = make_llm(compile=True, **kwargs)

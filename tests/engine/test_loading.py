@@ -14,15 +14,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine import loader
+from engine.bench import load_cost
+from engine.bench.load_cost import measure_load
 from engine.block_drafter import BlockProposer, DFlashDraftModel, DrafterConfig, load_drafter
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
-from engine.bench import load_cost
-from engine.bench.load_cost import measure_load
-from engine.loader import WEIGHTS_FILE, load_model, load_weights, save_model
+from engine.loader import WEIGHTS_FILE, file_sha256, load_model, load_weights, save_model
 from engine.model import LlamaForCausalLM
-from engine.loader import file_sha256
 from fixtures import DRAFTER_DIR
 
 # One pytest-xdist worker builds the session's Hugging Face folders (and imports transformers):
@@ -374,7 +372,6 @@ def test_measure_load_reports_time_weights_and_peak_host_memory_of_a_sharded_fol
     import json
     import subprocess
     import sys
-
     from pathlib import Path
 
     from engine.bench.load_cost import measure_load

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from engine.bench.metrics import Acceptance
-from engine.request import Request, RequestStats
 from engine.policy import ASYNC, SYNC
-from engine.step_io import StepOutputs
+from engine.request import Request, RequestStats
 from engine.sampling import SamplingParams
+from engine.step_io import StepOutputs
 from engine.step_plan import RowPlan, StepPlan
 from engine.step_result import StepResult
 from engine.trace import RequestTrace, StepTrace, trace_step

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.policy import (ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC, RunnerPolicy,
-                           kv_lookahead)
+from engine.policy import ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC, RunnerPolicy, kv_lookahead
 from engine.request import Request
 from engine.sampling import SamplingParams
 from engine.step_result import StepResult

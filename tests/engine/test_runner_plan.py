@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.policy import ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC
 from engine.proposers import NgramProposer
 from engine.request import Request
-from engine.policy import ASYNC, REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED, SYNC
 from engine.runner import DeviceState, ModelRunner, step_sizes
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch, spec_width
@@ -199,7 +199,7 @@ def test_upload_stages_every_field_in_one_buffer_per_dtype_at_fixed_places():
     p = plan(runner, rows, graph=True)
     first = runner._upload(p)
     ints, floats = runner.staging.device
-    for name, t in named(first).items():
+    for t in named(first).values():
         buffer = floats if t.dtype == torch.float32 else ints
         assert buffer.data_ptr() <= t.data_ptr() < buffer.data_ptr() + buffer.numel() * buffer.element_size()
     f = fields(p)

@@ -16,8 +16,16 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from engine.errors import RequestError
-from engine.sampling import (STREAM_ACCEPT, STREAM_DRAFT, STREAM_SAMPLE, SamplingParams, keyed_uniform,
-                             processed_probs, request_key, sample_from_probs)
+from engine.sampling import (
+    STREAM_ACCEPT,
+    STREAM_DRAFT,
+    STREAM_SAMPLE,
+    SamplingParams,
+    keyed_uniform,
+    processed_probs,
+    request_key,
+    sample_from_probs,
+)
 
 ALPHA = 1e-3
 CONTROL_ALPHA = 1e-6
@@ -199,7 +207,7 @@ def test_each_row_is_processed_with_its_own_params(rows):
     logits = torch.stack([random_logits(s, 50) for s, *_ in rows])
     batch = processed_probs(logits, torch.tensor([t for _, t, _, _ in rows]),
                             torch.tensor([k for _, _, k, _ in rows]), torch.tensor([p for *_, p in rows]))
-    for r, (seed, t, k, p) in enumerate(rows):
+    for r, (_, t, k, p) in enumerate(rows):
         torch.testing.assert_close(batch[r], process(logits[r], t, k, p), rtol=0, atol=1e-7)
 
 

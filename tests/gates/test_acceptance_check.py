@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from engine.bench import legs as bench
+from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.trace import StepTrace
-from engine.bench.workload import Workload
 from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
 from gates.compare import Difference
 from helpers.traces import record

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.bench import legs as bench
+from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
-from engine.bench.workload import Workload
 from gates.bench_fold import fold_records, report_difference
 from helpers.strategies import examples
 

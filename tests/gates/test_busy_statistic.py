@@ -2,8 +2,16 @@
 must tolerate one collapsed leg (and name it), and must still go red on a real regression."""
 import pytest
 
-from gates.measure import (BUSY_MIN_EFFECT, UNDER_THE_FLOOR, ABResult, PairedMedianAB, bootstrap_median_interval,
-                           judge_busy, median, outliers)
+from gates.measure import (
+    BUSY_MIN_EFFECT,
+    UNDER_THE_FLOOR,
+    ABResult,
+    PairedMedianAB,
+    bootstrap_median_interval,
+    judge_busy,
+    median,
+    outliers,
+)
 
 # Measured on the H200 at 3bee987 (graph arm, fixtures): leg 4 collapsed in both runners.
 H200_SYNC = [.435, .430, .434, .422, .345]

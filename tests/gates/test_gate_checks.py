@@ -6,8 +6,13 @@ import dataclasses
 import pytest
 
 from gates.compare import runs_difference, token_difference
-from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
-                              ngram_draft_difference, trace_consistency)
+from gates.invariants import (
+    acceptance_difference,
+    logits_window_difference,
+    mixed_refusals,
+    ngram_draft_difference,
+    trace_consistency,
+)
 from gates.measure import UNDER_THE_FLOOR, ABResult, busy_fraction, submission_intervals
 from gates.workloads import params
 
@@ -104,7 +109,8 @@ def test_lossless_goes_red_on_one_changed_token(refusals_pair):
 
 def test_acceptance_goes_red_on_a_leg_that_disagrees_with_its_trace(make_llm):
     from engine.bench import legs as bench
-    from gates.acceptance import WARMUP_LEGS, acceptance_difference as leg_difference, fold_difference, traced_legs
+    from gates.acceptance import WARMUP_LEGS, fold_difference, traced_legs
+    from gates.acceptance import acceptance_difference as leg_difference
     workload = bench.Workload.uniform(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
     legs, expected, _ = traced_legs(make_llm, workload, spec="ngram", num_spec_tokens=3)
     assert all(leg_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]) is None for leg in legs)
@@ -166,6 +172,7 @@ def test_busy_fraction_is_the_union_of_device_intervals_in_the_window():
 
 def test_distribution_test_fails_on_non_uniform_pit_values():
     import numpy as np
+
     from gates.distribution import P_VALUE_THRESHOLD, uniformity_p_value
     rng = np.random.default_rng(0)
     assert uniformity_p_value(rng.random(4000)) > P_VALUE_THRESHOLD

@@ -3,7 +3,6 @@ JUnit. That every gate's checks go red on a doctored trace is tests/gates/test_g
 import json
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +33,7 @@ def test_gates_list_shows_names_purposes_needs_and_the_defects_handed_in(capsys)
     """Which defects prove a gate comes from the catalogue, a layer above: the gates' command
     lists what it is handed (tests/proof/test_prove.py checks `specgate gates list` on the real join)."""
     import argparse
+
     from gates.cli import add_gates_parser
     ap = argparse.ArgumentParser()
     add_gates_parser(ap.add_subparsers(dest="command"), {"emit-count": ("stale-drafts", "reason-a-fallback")})
@@ -55,6 +55,7 @@ def test_gates_run_refuses_an_unknown_gate(capsys):
 
 def test_gate_examples_are_bounded_under_ci_and_deep_under_deep(monkeypatch):
     from hypothesis import Phase
+
     from gates.workloads import gate_settings
     monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
     ci = gate_settings(3)

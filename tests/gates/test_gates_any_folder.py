@@ -60,6 +60,7 @@ def test_lossless_and_emit_count_are_green_on_a_random_llama3_folder(llama3_dir,
                            "--model", str(llama3_dir), "--json", str(report_path)],
                           cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report_json = json.loads(report_path.read_text())
     assert report_json["environment"]["model"] == str(llama3_dir)
     for gate in report_json["gates"]:

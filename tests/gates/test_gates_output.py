@@ -9,6 +9,7 @@ import pytest
 from fixtures import TARGET_DIR
 from gates.report import GateReport, GateResult
 
+
 @pytest.mark.slow
 def test_a_gate_run_prints_a_line_per_gate_its_table_once_and_records_the_model(tmp_path, capfd):
     """The real reason-a gate (seconds) through the command."""

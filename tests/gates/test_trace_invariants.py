@@ -8,8 +8,14 @@ from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.trace import StepTrace
 from gates.compare import Difference
-from gates.invariants import (acceptance_difference, logits_window_difference, mixed_refusals,
-                              ngram_draft_difference, ngram_drafts, trace_consistency)
+from gates.invariants import (
+    acceptance_difference,
+    logits_window_difference,
+    mixed_refusals,
+    ngram_draft_difference,
+    ngram_drafts,
+    trace_consistency,
+)
 from helpers.traces import record
 
 PROMPT, TOKENS = [7, 8, 9], [10, 11, 12, 13, 14]   # positions 0-2 and 3-7

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mutants.mutation import results, run as mutation_run, stage
+from mutants.mutation import results, stage
+from mutants.mutation import run as mutation_run
 from mutants.mutation.report import summarise
 
 REPO = Path(__file__).resolve().parents[2]

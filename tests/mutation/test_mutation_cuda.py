@@ -5,9 +5,10 @@ as a kill."""
 import tomllib
 
 import pytest
-
-from mutants.mutation import results, run as mutation_run
 from test_mutation_shards import make_staging  # the two-function package staged for a real mutmut run
+
+from mutants.mutation import results
+from mutants.mutation import run as mutation_run
 
 # A test that records, for each process it runs in, its pid, its parent's pid and what mutmut runs
 # there (MUTANT_UNDER_TEST: a mutant's name, or mutmut's own word for its stats and clean runs).

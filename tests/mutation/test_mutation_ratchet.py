@@ -6,8 +6,8 @@ import json
 import pytest
 
 from mutants.mutation import ratchet, results, stage
-from mutants.mutation.report import summarise
 from mutants.mutation.record import MutantRecord
+from mutants.mutation.report import summarise
 
 DIFF = """--- engine/verify.py
 +++ engine/verify.py

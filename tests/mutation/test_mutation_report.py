@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from mutants.mutation.diff import locate, mutator_name
+from mutants.mutation.record import STATUSES, MutantRecord
 from mutants.mutation.report import markdown, score_line, stryker_report, summarise, write_reports
-from mutants.mutation.record import MutantRecord, STATUSES
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "mutants" / "mutation" / "mutation-testing-report.schema.json")
                     .read_text())
@@ -271,7 +271,7 @@ def test_markdown_lists_every_survivor_and_run_failure_with_its_diff(records):
     assert unexplained < equivalent < md.index("## Run failures: 2")
     assert md.index("**segfault**") and "not a kill" in md
     assert markdown(list(reversed(records)), s) == md  # deterministic order
-    assert f"| killed | 2 |" in md and "| **total** | 9 |" in md
+    assert "| killed | 2 |" in md and "| **total** | 9 |" in md
 
 
 def test_write_reports_writes_every_file(records, tmp_path):

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml  # PyYAML, pinned in requirements-dev.txt
 
-from mutants.mutation import merge as mutation_merge, ratchet, results, run as mutation_run, shard as mutation_shard
+from mutants.mutation import merge as mutation_merge
+from mutants.mutation import ratchet, results
+from mutants.mutation import run as mutation_run
+from mutants.mutation import shard as mutation_shard
 from mutants.mutation.report import write_reports
 from mutants.mutation.results import Equivalent
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from mutants.mutation import viewer
-from mutants.proof.catalogue import by_name
-from mutants.proof.matrix import CLEAN, GREEN, RAN, RED, TreeRun, build_proof
-from mutants.mutation.report import write_reports
-from mutants.mutation.record import MutantRecord
-from mutants.proof.html import page
 from gates.report import GateResult
+from mutants.mutation import viewer
+from mutants.mutation.record import MutantRecord
+from mutants.mutation.report import write_reports
+from mutants.proof.catalogue import by_name
+from mutants.proof.html import page
+from mutants.proof.matrix import CLEAN, GREEN, RAN, RED, TreeRun, build_proof
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

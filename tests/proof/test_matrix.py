@@ -5,11 +5,10 @@ import json
 
 import pytest
 
+from gates.report import GateResult
 from mutants.proof import matrix
 from mutants.proof.catalogue import Defect
 from mutants.proof.matrix import CLEAN, GREEN, NEEDS_CUDA, RAN, RED, SKIPPED, STALE, TIMEOUT, TreeRun
-from gates.report import GateResult
-
 
 NEEDS = {"lossless": "cpu", "combine": "cpu", "emit-count": "cpu", "no-sync": "cuda"}
 FAKE = (Defect("stale-drafts", "x", ("combine", "emit-count")),

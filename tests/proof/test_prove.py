@@ -3,7 +3,6 @@ patch that no longer applies is reported stale, planting a defect never touches 
 tree, and the driver plants, runs and cleans up with a stand-in for the gate runs. The matrix's
 judgement is tests/proof/test_matrix.py's; the real gate runs are `make prove`'s job, not this suite's."""
 import hashlib
-import json
 import re
 import subprocess
 import sys
@@ -275,6 +274,7 @@ def test_a_defect_runs_its_gates_plus_lossless_when_it_claims_every_token_unchan
 def test_sigterm_ends_prove_like_ctrl_c():
     import os
     import signal
+
     from mutants.proof.prove import ending_on_signals
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):

@@ -1,9 +1,10 @@
 """What `specgate prove` shows while it runs: a line per finished tree when not on a terminal."""
 import re
 
+from test_prove import fake_command, fake_repo  # noqa: F401  (fake_repo is a fixture)
+
 from mutants.proof.catalogue import Defect
 from mutants.proof.prove import ProveOptions, prove
-from test_prove import fake_command, fake_repo  # noqa: F401  (fake_repo is a fixture)
 
 
 def test_prove_prints_a_line_per_tree_when_not_on_a_terminal(fake_repo, capsys):

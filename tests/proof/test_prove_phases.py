@@ -6,10 +6,11 @@ import os
 import sys
 import textwrap
 
+from test_prove import fake_repo  # noqa: F401  (a fixture)
+
 from mutants.proof.catalogue import Defect
 from mutants.proof.matrix import GREEN, RED
 from mutants.proof.prove import ProveOptions, prove
-from test_prove import fake_repo  # noqa: F401  (a fixture)
 
 TIMED_GATES = textwrap.dedent("""\
     import json, pathlib, sys, time

@@ -143,7 +143,8 @@ def cmd_bench(args) -> int:
         result = bench.oracle_report(plain, legs, workload, meta | {"oracle_tau": args.oracle_tau})
         _print_summary(result["plain"]["summary"], "plain  ")
     else:
-        legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph), workload, concurrencies, args.legs,
+        legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph),
+                               workload, concurrencies, args.legs,
                                args.warmup_legs, progress=terminal, on_leg=on_leg)
         result = bench.report(legs, workload, meta)
     _print_summary(result["summary"], "oracle " if oracle else "", args.spec)
@@ -163,7 +164,8 @@ def cmd_bench(args) -> int:
     if args.plot:
         drafter = f"spec={args.spec} k={meta['k']}" if args.spec else "no drafter"
         bench.plot(result["figures"], args.plot, f"specgate bench: {drafter} on {args.device}\n"
-                   f"{len(workload.prompts)} prompts x {workload.max_tokens} tokens, workload {result['workload']['fingerprint']}")
+                   f"{len(workload.prompts)} prompts x {workload.max_tokens} tokens, "
+                   f"workload {result['workload']['fingerprint']}")
     for path in filter(None, (args.json, args.plot)):
         print(f"wrote {path}")
     if not (args.json or args.plot):
@@ -297,7 +299,8 @@ def add_bench_model_parser(sub) -> None:
         m.add_argument("--seed", type=int_at_least(0), default=0)
         m.add_argument("--device", type=device, default="cpu")
         m.add_argument("--concurrency", type=int_list(1, 256), default=[1, 8], metavar="C[,C...]")
-        m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64, help="tokens per prompt (BOS + random bytes)")
+        m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64,
+                       help="tokens per prompt (BOS + random bytes)")
         m.add_argument("--json", type=output_file, default=None, metavar="FILE")
         if name == "decode":
             m.add_argument("--runners", type=choice_list("sync", "async"), default=("sync", "async"), metavar="R[,R]")
@@ -305,7 +308,8 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
             m.add_argument("--attention-backends", type=choice_list("sdpa", "flex"), default=("sdpa",), metavar="B[,B]",
-                           help="attention backends to time (EngineConfig.attention_backend; flex: CUDA's paged kernel)")
+                           help="attention backends to time (EngineConfig.attention_backend; "
+                                "flex: CUDA's paged kernel)")
             m.add_argument("--compile", type=choice_list("off", "on"), default=("off",), metavar="off|on|off,on",
                            help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)

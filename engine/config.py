@@ -216,7 +216,8 @@ class EngineConfig:
         if not isinstance(self.compile, bool):
             raise SpecgateError(f"compile must be True or False, got {self.compile!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                                f"got {self.attention_backend!r}")
         if self.attention_backend == "flex" and self.device.startswith("cuda") and self.block_size % 16:
             raise SpecgateError(f"attention_backend='flex' on CUDA needs block_size a multiple of 16 (the kernel "
                                 f"reads keys in tiles of at least 16 within one cache block), got {self.block_size}")

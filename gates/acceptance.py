@@ -34,7 +34,8 @@ def expected_acceptance(outputs, trace) -> dict:
     drafts = sum(1 for r in verify if r.num_draft)
     draft_tokens = sum(r.num_draft for r in verify)
     accepted = sum(r.num_accepted for r in verify)
-    per_position = [sum(1 for r in verify if r.num_accepted > j) for j in range(max((r.num_draft for r in verify), default=0))]
+    per_position = [sum(1 for r in verify if r.num_accepted > j)
+                    for j in range(max((r.num_draft for r in verify), default=0))]
     return {"num_requests": len(outputs), "completion_tokens": completion, "verify_steps": len(verify),
             "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
             "accepted_per_position": per_position,
@@ -55,7 +56,8 @@ def acceptance_difference(leg_index: int, reported: dict, expected: dict) -> Dif
                 got.pop()
         if got != want:
             return Difference(f"leg acceptance {name}", leg_index, None, None, want, got)
-    identity = expected["_prefills"] + expected["verify_steps"] + expected["num_accepted_tokens"] - expected["_truncated"]
+    identity = (expected["_prefills"] + expected["verify_steps"] + expected["num_accepted_tokens"]
+                - expected["_truncated"])
     if identity != expected["completion_tokens"]:
         return Difference("completion = prefills + verify steps + accepted - truncated", leg_index, None, None,
                           expected["completion_tokens"], identity)
@@ -120,7 +122,8 @@ def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafte
                          concurrency=leg.concurrency, leg=leg.index, warm=leg.warm)
         gate_record.check(acceptance_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]),
                           f"concurrency {leg.concurrency} leg {leg.index}")
-        gate_record.occurred("num_reqs>1", max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
+        gate_record.occurred("num_reqs>1",
+                             max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
         gate_record.occurred("tokens truncated at max_tokens", expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
         gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
     gate_record.check(fold_difference(legs, workload, drafter), "fold")

@@ -104,7 +104,8 @@ def binding_steps(model, outputs, params) -> dict[str, int]:
         t = torch.full((n,), float(sp.temperature), dtype=torch.float64)
         plain = processed_probs(rows, t, torch.full((n,), -1), torch.ones(n, dtype=torch.float64))
         top_k_only = processed_probs(rows, t, torch.full((n,), sp.top_k), torch.ones(n, dtype=torch.float64))
-        both = processed_probs(rows, t, torch.full((n,), sp.top_k), torch.full((n,), float(sp.top_p), dtype=torch.float64))
+        both = processed_probs(rows, t, torch.full((n,), sp.top_k),
+                               torch.full((n,), float(sp.top_p), dtype=torch.float64))
         counts["top_k"] += int((plain.masked_fill(top_k_only > 0, 0).sum(-1) >= BINDING_MASS).sum())
         counts["top_p"] += int((top_k_only.masked_fill(both > 0, 0).sum(-1) >= BINDING_MASS).sum())
     return counts

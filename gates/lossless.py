@@ -14,6 +14,8 @@ the distribution test covers the graph arm's output too. Sampled requests withou
 their keys from the engine's seed: reproducible under the same engine seed (and runner), different
 under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
 bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
+Over 300 lines because it is one gate: its greedy, distribution, bfloat16 and engine-seed checks
+report one set of claims and share its fixtures and workloads.
 """
 import pytest
 import torch
@@ -38,7 +40,8 @@ from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settin
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
           "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
-          "sampled graph arm", "logits processor", "top-k bound", "top-p bound", "block drafter q checked on a sampled row",
+          "sampled graph arm", "logits processor", "top-k bound", "top-p bound",
+          "block drafter q checked on a sampled row",
           "block drafter q negative control failed", "bfloat16 engine", "bfloat16 drafts accepted",
           "unseeded sampled requests keyed by the engine seed")
 
@@ -92,7 +95,8 @@ def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **eng
 @given(workload=workloads(host_history=None), k=st.integers(1, 6))
 @gate_settings(2)
 def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, reference, drafter, graph, workload, k):
-    check_greedy(make_llm, gate_record, plain_greedy, reference, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=4,
+    check_greedy(make_llm, gate_record, plain_greedy, reference, workload,
+                 spec=drafter, num_spec_tokens=k, max_num_seqs=4,
                  graph=graph)
 
 
@@ -102,7 +106,8 @@ def test_greedy_spec_equals_plain(make_llm, gate_record, plain_greedy, reference
 def test_greedy_spec_equals_plain_under_preemption(make_llm, gate_record, plain_greedy, reference, drafter, workload,
                                                    k):
     workload = Workload(workload.prompts, (MAX_TOKENS,) * workload.num_reqs, workload.arrival_steps)
-    check_greedy(make_llm, gate_record, plain_greedy, reference, workload, spec=drafter, num_spec_tokens=k, max_num_seqs=6,
+    check_greedy(make_llm, gate_record, plain_greedy, reference, workload,
+                 spec=drafter, num_spec_tokens=k, max_num_seqs=6,
                  num_kv_blocks=18)
 
 
@@ -157,7 +162,8 @@ def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, 
     runs = {}
     engines = {"plain": {}, "ngram": dict(spec="ngram", num_spec_tokens=3, async_runner=False),
                "block": dict(spec="block", num_spec_tokens=3, async_runner=True)}
-    skipped = request.config.pluginmanager.get_plugin(SESSION_PLUGIN).skipped_drafters()  # a drafter unfit for this target
+    # a drafter unfit for this target
+    skipped = request.config.pluginmanager.get_plugin(SESSION_PLUGIN).skipped_drafters()
     for name, engine in {n: e for n, e in engines.items() if e.get("spec") not in skipped}.items():
         llm = make_llm(dtype="bfloat16", max_num_seqs=4, **engine)
         outs = llm.generate(BF16_WORKLOAD.prompt_list(), params, arrival_steps=BF16_WORKLOAD.arrivals())
@@ -182,7 +188,8 @@ def test_bfloat16_greedy_spec_equals_plain_and_the_bfloat16_reference(make_llm, 
                                   "no output token of the ngram run's bfloat16 streams completes a bigram seen "
                                   "before it, so no n-gram draft could equal a greedy token on this target (and "
                                   "the block drafter does not fit it)")
-    for name in (n for n in ("ngram", "block") if n in runs):  # equal to plain up to the first token, a near-tie the reference allows
+    # equal to plain up to the first token, a near-tie the reference allows
+    for name in (n for n in ("ngram", "block") if n in runs):
         for s, p in zip(runs[name], runs["plain"]):
             d = next((i for i, (a, b) in enumerate(zip(s.token_ids, p.token_ids)) if a != b), None)
             if d is not None:

@@ -51,7 +51,8 @@ def _engine_files(cov: coverage.Coverage, root: Path) -> dict[str, str]:
     """Measured engine files: path relative to root -> the path the data holds."""
     out = {}
     for f in cov.get_data().measured_files():
-        rel = Path(f).resolve().relative_to(root.resolve()) if Path(f).resolve().is_relative_to(root.resolve()) else None
+        rel = (Path(f).resolve().relative_to(root.resolve()) if Path(f).resolve().is_relative_to(root.resolve())
+               else None)
         if rel is not None and rel.parts[0] == "engine":
             out[rel.as_posix()] = f
     return out

@@ -206,7 +206,8 @@ def _clear(folder: Path) -> None:
     foreign = [p.name for p in folder.iterdir()
                if p.name not in ours and not (p.name.startswith("model-") and p.name.endswith(".safetensors"))]
     if foreign:
-        raise SpecgateError(f"{folder} holds files that are not a benchmark model's ({', '.join(sorted(foreign)[:5])}); "
+        raise SpecgateError(f"{folder} holds files that are not a benchmark model's "
+                            f"({', '.join(sorted(foreign)[:5])}); "
                             f"choose an empty or new folder")
     for p in folder.iterdir():
         p.unlink()

@@ -84,7 +84,8 @@ def table(summary: dict) -> str:
     decode, load, peer = summary["decode"], summary["load"], summary["peer"]
     if decode:
         lines.append(f"bandwidth {decode['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (copy, read + write), "
-                     f"{decode['dtype']}, prompts {decode['workload']['prompt_len']} + {decode['workload']['max_tokens']} "
+                     f"{decode['dtype']}, prompts {decode['workload']['prompt_len']} "
+                     f"+ {decode['workload']['max_tokens']} "
                      f"tokens, {decode['gpu'] or decode['device']}, torch {decode['torch']}")
     cs = sorted(summary["rows"], key=int)
     if cs:
@@ -110,7 +111,8 @@ def table(summary: dict) -> str:
     if peer and not peer.get("ran"):
         lines.append(f"transformers peer: not run ({peer['why']})")
     if load:
-        lines.append(f"load {load['seconds']} s on {load.get('device', '?')}, peak host memory {load['peak_rss_mib']:.0f} MiB "
+        lines.append(f"load {load['seconds']} s on {load.get('device', '?')}, "
+                     f"peak host memory {load['peak_rss_mib']:.0f} MiB "
                      f"({load['load_added_mib']:.0f} MiB over the {load['peak_rss_mib_before']:.0f} MiB baseline; "
                      f"largest of {load['num_shards']} shards {load['largest_shard_mib']:.1f} MiB, "
                      f"{load['files_mib']:.1f} MiB in all)")
@@ -167,5 +169,6 @@ def plot(summary: dict, path) -> None:
 def summarize_files(decode=None, peer=None, load=None, spec: dict[str, str] | None = None) -> dict:
     """`summarize` on report files; missing files (a stage that failed) are left out."""
     load_json = _read(load)
-    return summarize(_read(decode), _read(peer), {**load_json["load"], "device": load_json["device"]} if load_json else None,
+    return summarize(_read(decode), _read(peer),
+                     {**load_json["load"], "device": load_json["device"]} if load_json else None,
                      {label: r for label, path in (spec or {}).items() if (r := _read(path)) is not None})

@@ -141,7 +141,8 @@ DEFECTS = (
     # ---- the host loop ---------------------------------------------------------------------------
     Defect("host-read-in-step-loop",
            "A blocking read in the host loop, outside the runner: right after launching a step the host "
-           "reads the committed count from the device state (int(tensor), for a progress line), so on a GPU it waits for every "
+           "reads the committed count from the device state (int(tensor), for a progress line), "
+           "so on a GPU it waits for every "
            "step before planning the next; no-sync's host-read hook shows it on the CPU too.",
            ("no-sync",), token_invisible=True),
     # ---- paths both sides of every differential comparison share (the absolute reference) -------

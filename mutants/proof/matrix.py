@@ -206,7 +206,8 @@ def markdown(p: Proof, meta: dict) -> str:
         if ds:
             lines.append(f"- `{g}`: {', '.join(f'`{d}`' for d in ds)}")
         elif gate_needs.get(g) == "cuda" and not has_cuda:
-            lines.append(f"- `{g}`: not run here (needs CUDA); named by {', '.join(f'`{d}`' for d in named) or 'no defect'}")
+            lines.append(f"- `{g}`: not run here (needs CUDA); "
+                         f"named by {', '.join(f'`{d}`' for d in named) or 'no defect'}")
         else:
             lines.append(f"- `{g}`: no defect")
     lines += ["", "The defects:", ""]
@@ -241,6 +242,7 @@ def report(p: Proof, meta: dict) -> dict:
             "problems": v.problems, "notes": v.notes, "proven_against": v.proven,
             "gates": gate_needs, "gate_seconds": gate_seconds(runs, clean),
             "defects": [{"name": d.name, "models": d.models, "gates": list(d.gates),
-                         "token_invisible": d.token_invisible, "needs": d.needs, "patch": f"mutants/proof/patches/{d.name}.diff",
+                         "token_invisible": d.token_invisible, "needs": d.needs,
+                         "patch": f"mutants/proof/patches/{d.name}.diff",
                          **runs[d.name].to_json()} for d in defects if d.name in runs],
             "clean": clean.to_json() if clean else None}

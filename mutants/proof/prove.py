@@ -132,7 +132,8 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
             elif d.needs == "cuda" and not cuda:
                 runs[d.name] = TreeRun(d.name, NEEDS_CUDA, detail="needs CUDA; this machine has none")
             else:
-                tasks.append((d.name, d, gates_for(d, all_gates, options.full), "cuda" if d.needs == "cuda" else device))
+                tasks.append((d.name, d, gates_for(d, all_gates, options.full),
+                              "cuda" if d.needs == "cuda" else device))
         tasks = schedule(tasks, seconds)  # the longest first
         # Timed gates (speed, busy) would measure the other trees' load: they run in a second
         # phase, one at a time and each in a process of its own (on the H200 busy's graph-arm level
@@ -209,7 +210,8 @@ def add_prove_parser(subparsers) -> None:
     p = subparsers.add_parser("prove", help="plant each seeded defect in a copy of the tree and show "
                               "the gates it names go red, and every gate green on the clean tree")
     p.add_argument("defects", nargs="*", metavar="DEFECT", help="defects to plant (default: all)")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the matrix and judgement as JSON")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="write the matrix and judgement as JSON")
     p.add_argument("--markdown", type=output_file, default=None, metavar="FILE", help="write the matrix as Markdown")
     p.add_argument("--html", type=output_file, default=None, metavar="FILE",
                    help="write the matrix as a self-contained HTML page, each cell linked to its evidence "
@@ -251,7 +253,8 @@ def cmd_prove(args) -> int:
         if items:
             print(f"\n{title}:\n" + "\n".join(f"  - {p}" for p in items))
     print("\ngate time over all trees: " + ", ".join(
-        f"{g} {t['seconds']:.0f} s in {t['runs']} runs" for g, t in matrix.gate_seconds(proof.runs, proof.clean).items()))
+        f"{g} {t['seconds']:.0f} s in {t['runs']} runs"
+        for g, t in matrix.gate_seconds(proof.runs, proof.clean).items()))
     print(f"\nprove: {'PASS' if v.exit_status == 0 else 'FAIL'} ({len(v.problems)} problems) in {wall:.0f} s "
           f"with {args.jobs} jobs")
     html = args.html or next((str(Path(f).with_suffix(".html")) for f in (args.json, args.markdown) if f), None)

@@ -90,7 +90,8 @@ def _bench(spec, c_rates: dict[str, tuple[float, float]]) -> dict:
 def test_the_summary_states_each_target_met_or_missed():
     decode = _decode({"graph/sync": {"1": 4.2, "8": 4.65}, "graph/async": {"1": 0.69, "8": 1.0}})
     peer = {"ran": True, "transformers": "5.24.0",
-            "per_concurrency": {"1": {"ms_per_step": 2.23, "compiled": True}, "8": {"ms_per_step": 2.58, "compiled": True}}}
+            "per_concurrency": {"1": {"ms_per_step": 2.23, "compiled": True},
+                                "8": {"ms_per_step": 2.58, "compiled": True}}}
     load = {"seconds": 1.5, "device": "cuda", "peak_rss_mib": 900.0, "peak_rss_mib_before": 400.0,
             "load_added_mib": 500.0, "largest_shard_mib": 465.0, "files_mib": 1858.0, "num_shards": 4}
     spec = {"plain": _bench(None, {"1": (1000.0, 1.0)}), "oracle-4.3": _bench("oracle", {"1": (3100.0, 4.3)}),

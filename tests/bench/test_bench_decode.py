@@ -141,7 +141,8 @@ def test_the_decode_report_times_every_arm_of_every_backend_and_forward_against_
     # embedding rows (64 each), 2 bytes each; KV: 2 layers x K, V x 32 x 11 positions (8 + 6 / 2).
     floor = {c: {"bytes": w + kv, "weights_bytes": w, "kv_bytes": kv, "context_len": 11.0, "ms": ms}
              for c, w, kv, ms in (("1", 181504, 2816, 0.0013), ("2", 181632, 5632, 0.0014))}
-    assert report == {"model": str(folder), "device": "meta", "dtype": "bfloat16", "torch": torch.__version__, "gpu": None,
+    assert report == {"model": str(folder), "device": "meta", "dtype": "bfloat16",
+                      "torch": torch.__version__, "gpu": None,
                       "workload": {"prompt_len": 8, "max_tokens": 6, "num_prompts": 2, "prompt_seed": 0, "legs": 1},
                       "bandwidth_bytes_per_s": 2 ** 37,  # 64 MiB read and written in 2^-10 s
                       "floor": floor, "arms": dict.fromkeys(names, timed)}
@@ -175,7 +176,8 @@ def test_the_floor_is_the_steps_bytes_over_the_bandwidth_in_milliseconds():
 def test_the_step_bytes_name_their_batch_and_context():
     cfg = engine.config.ModelConfig.from_dict(config_dict(SHAPES["tiny"]))
     assert bench_decode.plain_step_bytes(cfg, 2, batch=3, context_len=10.5) == StepBytes(
-        weights=2 * (2 * 36992 + 64 + 260 * 64 + 3 * 64), kv=round(3 * 10.5 * 2 * 2 * 32 * 2), batch=3, context_len=10.5)
+        weights=2 * (2 * 36992 + 64 + 260 * 64 + 3 * 64), kv=round(3 * 10.5 * 2 * 2 * 32 * 2),
+        batch=3, context_len=10.5)
 
 
 def test_a_named_gpu_is_the_one_synchronized(monkeypatch):
@@ -191,7 +193,8 @@ def test_the_decode_report_on_a_named_gpu_copies_a_gibibyte_and_names_that_gpu(t
     """On a GPU the bandwidth comes from a copy of at least 1 GiB, where launch overhead is small,
     and the report names GPU N for cuda:N, not the current one (they differ on a mixed host)."""
     copied_mib = []
-    monkeypatch.setattr(bench_decode, "copy_bandwidth", lambda device, mib: copied_mib.append((device, mib)) or 2.0 ** 40)
+    monkeypatch.setattr(bench_decode, "copy_bandwidth",
+                        lambda device, mib: copied_mib.append((device, mib)) or 2.0 ** 40)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"the GPU at {device}")
     report = decode_report(model_folder(tmp_path / "tiny", "tiny"), "cuda:1", [], "eager", [1], 8, 6, 1)
     (device, mib), = copied_mib

@@ -27,7 +27,8 @@ def test_the_default_folder_of_a_shape_is_its_seed_0_folder_written_shard_by_sha
     told = []
     folder = write_bench_model("tiny", progress=told.append)
     assert folder == tmp_path / "bench-models" / "tiny-seed0"
-    assert told == ["wrote model-00001-of-00002.safetensors (1 of 2)", "wrote model-00002-of-00002.safetensors (2 of 2)"]
+    assert told == ["wrote model-00001-of-00002.safetensors (1 of 2)",
+                    "wrote model-00002-of-00002.safetensors (2 of 2)"]
     config = read_pretty_json(folder / "config.json")
     assert (config["rope_theta"], config["rms_norm_eps"], config["hidden_size"]) == (500000.0, 1e-5, 64)
     index = read_pretty_json(folder / INDEX_FILE)

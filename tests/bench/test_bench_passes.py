@@ -128,4 +128,5 @@ def test_the_oracle_report_compares_each_concurrency_with_its_plain_pass():
                                       "4": {"speedup": None, "tau": 1.0, "lossless": True},
                                       "8": {"speedup": None, "tau": 1.5, "lossless": True}}
     assert out["plain"] == {"legs": [asdict(x) for x in plain], "summary": bench.fold(plain)}
-    assert {k: v for k, v in out.items() if k not in ("plain", "oracle_vs_plain")} == bench.report(oracle, WORKLOAD, meta)
+    assert {k: v for k, v in out.items()
+            if k not in ("plain", "oracle_vs_plain")} == bench.report(oracle, WORKLOAD, meta)

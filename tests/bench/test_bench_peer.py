@@ -107,7 +107,8 @@ def test_a_model_transformers_compiled_is_reported_compiled(monkeypatch):
     assert got["per_concurrency"]["1"]["compiled"] is True
 
 
-def test_the_peer_command_times_the_default_lengths_and_prints_each_figure(bench_tiny_dir, tmp_path, monkeypatch, capsys):
+def test_the_peer_command_times_the_default_lengths_and_prints_each_figure(bench_tiny_dir, tmp_path, monkeypatch,
+                                                                           capsys):
     """`specgate bench-model peer` passes no lengths: what it times, and what its report's method
     says, are the defaults (32 and 160 new tokens, medians of 3), and each figure is printed as it
     comes. Only the move to the GPU is stood in for."""

@@ -87,14 +87,17 @@ def test_the_spec_png_marks_each_leg_draws_the_fold_of_the_warm_ones_and_bars_ta
     # The legend: a key per concurrency and per kind of mark.
     keys = [ln for ln in throughput["lines"] if not ln["x"]]
     assert keys == [
-        {"x": [], "y": [], "style": "-", "colour": C0, "alpha": None, "marker": "o", "face": C0, "size": 6.0, "label": "c=1"},
-        {"x": [], "y": [], "style": "-", "colour": C1, "alpha": None, "marker": "s", "face": C1, "size": 6.0, "label": "c=8"},
+        {"x": [], "y": [], "style": "-", "colour": C0, "alpha": None, "marker": "o", "face": C0, "size": 6.0,
+         "label": "c=1"},
+        {"x": [], "y": [], "style": "-", "colour": C1, "alpha": None, "marker": "s", "face": C1, "size": 6.0,
+         "label": "c=8"},
         {"x": [], "y": [], "style": "None", "colour": GREY, "alpha": None, "marker": "o", "face": WHITE, "size": 6.0,
          "label": "warm-up leg (not averaged)"},
         {"x": [], "y": [], "style": "None", "colour": GREY, "alpha": None, "marker": "o", "face": GREY, "size": 6.0,
          "label": "warm leg"},
         {"x": [], "y": [], "style": "--", "colour": GREY, "alpha": None, "label": "mean of warm legs (band: min-max)"}]
-    assert throughput["legend"] == {"labels": [k["label"] for k in keys], "loc": 3, "ncols": 1, "size": 8.0}  # lower left
+    assert throughput["legend"] == {"labels": [k["label"] for k in keys], "loc": 3, "ncols": 1,
+                                    "size": 8.0}  # lower left
     # From 0 to 1.15 times the fastest leg; 0.6 of a leg left of the first, 1.9 right of the last
     # (where the labels go); a tick per leg.
     assert throughput["axes"] == {"title": "throughput per leg", "xlabel": "leg", "ylabel": "output tokens/s",
@@ -144,7 +147,8 @@ def test_the_plain_png_is_one_panel_with_a_mark_per_concurrency_and_no_fold_with
         [-0.6, 2.9], [0.0, 69.0], [0.0, 1.0])
 
 
-def test_under_a_style_cycling_more_than_colour_a_concurrency_keeps_its_colour_and_zero_bars_stand_on_the_floor(tmp_path):
+def test_under_a_style_cycling_more_than_colour_a_concurrency_keeps_its_colour_and_zero_bars_stand_on_the_floor(
+        tmp_path):
     """Nothing accepted: τ 1 everywhere, so the τ axis spans 1 to 1.05; acceptance 0 everywhere,
     0 to 1.15, not below."""
     throughput, tau, acc = drawing(tmp_path, NONE_ACCEPTED, spec=True, style=STYLE)["panels"]

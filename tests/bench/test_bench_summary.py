@@ -51,11 +51,13 @@ def test_the_summary_keeps_each_report_and_joins_their_rows_per_concurrency():
     assert summary["rows"] == {
         "1": {"floor_ms": 0.46, "graph/sync": {"ms_per_step": 4.2, "floor_ratio": 9.13, "tokens_per_s": 1e3 / 4.2,
                                                "peer_speedup": 0.531},
-              "graph/async": {"ms_per_step": 0.92, "floor_ratio": 2.0, "tokens_per_s": 1e3 / 0.92, "peer_speedup": 2.424},
+              "graph/async": {"ms_per_step": 0.92, "floor_ratio": 2.0, "tokens_per_s": 1e3 / 0.92,
+                              "peer_speedup": 2.424},
               "transformers_ms_per_step": 2.23},
         "8": {"floor_ms": 0.47, "graph/sync": {"ms_per_step": 4.65, "floor_ratio": 9.894, "tokens_per_s": 1e3 / 4.65}},
         "16": {"transformers_ms_per_step": 3.0}}
-    assert summarize(None, PEER)["rows"] == {"1": {"transformers_ms_per_step": 2.23}, "16": {"transformers_ms_per_step": 3.0}}
+    assert summarize(None, PEER)["rows"] == {"1": {"transformers_ms_per_step": 2.23},
+                                             "16": {"transformers_ms_per_step": 3.0}}
     assert summarize(None) == {"decode": None, "peer": None, "load": None, "spec": {}, "rows": {}, "spec_rows": [],
                                "targets": []}
 
@@ -79,7 +81,8 @@ def test_a_target_at_its_bound_is_met_for_every_backend_of_the_async_graph_arm()
     run labelled plain is the baseline, never a spec target."""
     decode = decode_report({"graph/async": {"1": 0.69}, "graph/async/flex": {"1": 0.9}, "graph/sync": {"1": 0.5}},
                            {"1": 0.46})
-    spec = {"plain": bench_report("ngram", {"1": (1000.0, 4.5)}), "oracle-4.0": bench_report("oracle", {"1": (3000.0, 4.0)}),
+    spec = {"plain": bench_report("ngram", {"1": (1000.0, 4.5)}),
+            "oracle-4.0": bench_report("oracle", {"1": (3000.0, 4.0)}),
             "oracle-3.9": bench_report("oracle", {"1": (9000.0, 3.99)})}
     assert targets(summarize(decode, peer_report({"1": 2.07}), spec=spec)) == [
         {"target": "graph/async c=1 at most 1.5x the HBM floor", "figure": 1.5, "met": True},
@@ -151,9 +154,11 @@ def test_the_png_bars_ms_per_step_of_each_arm_beside_the_peer_over_the_dashed_fl
         {"label": "graph/async", "x": [-third, 1 - third, 2 - third], "height": [0.92, 0.0, 0.0], "colour": C0} | bar,
         {"label": "graph/sync", "x": [0.0, 1.0, 2.0], "height": [4.2, 4.65, 0.0], "colour": C1} | bar,
         {"label": "transformers", "x": [third, 1 + third, 2 + third], "height": [2.23, 0.0, 3.0], "colour": C2} | bar]
-    assert decode["texts"] == [{"text": f"{h:.2f}", "at": [x, h]} | LABEL for b in decode["bars"] for x, h in zip(b["x"], b["height"])]
+    assert decode["texts"] == [{"text": f"{h:.2f}", "at": [x, h]} | LABEL
+                               for b in decode["bars"] for x, h in zip(b["x"], b["height"])]
     assert decode["hlines"] == [  # c=16 has no floor: the peer alone ran there
-        {"segments": [[[-0.45, 0.46], [0.45, 0.46]]], "colour": BLACK, "dashed": True, "width": 1.5, "label": "HBM floor"},
+        {"segments": [[[-0.45, 0.46], [0.45, 0.46]]], "colour": BLACK, "dashed": True, "width": 1.5,
+         "label": "HBM floor"},
         {"segments": [[[0.55, 0.47], [1.45, 0.47]]], "colour": BLACK, "dashed": True, "width": 1.5, "label": None}]
     assert decode["axes"] == {"title": "plain greedy decode", "xlabel": "", "ylabel": "ms per plain decode step",
                               "xlim": "auto", "ylim": "auto", "xticks": [0.0, 1.0, 2.0],
@@ -163,9 +168,11 @@ def test_the_png_bars_ms_per_step_of_each_arm_beside_the_peer_over_the_dashed_fl
     # Spec tokens/s: a bar per label and concurrency, with τ where there is a drafter.
     assert spec["bars"] == [{"label": None, "x": [0.0, 1.0, 2.0], "height": [1000.0, 3100.0, 5000.0], "width": 0.8,
                              "colour": C0, "edge": "none", "hatch": ["", "", ""]}]
-    assert spec["texts"] == [{"text": "1000", "at": [0.0, 1000.0]} | LABEL, {"text": "3100\nτ 4.30", "at": [1.0, 3100.0]} | LABEL,
+    assert spec["texts"] == [{"text": "1000", "at": [0.0, 1000.0]} | LABEL,
+                             {"text": "3100\nτ 4.30", "at": [1.0, 3100.0]} | LABEL,
                              {"text": "5000\nτ 4.30", "at": [2.0, 5000.0]} | LABEL]
-    assert spec["axes"] == {"title": "spec vs plain (specgate bench)", "xlabel": "", "ylabel": "output tokens/s (warm legs)",
+    assert spec["axes"] == {"title": "spec vs plain (specgate bench)", "xlabel": "",
+                            "ylabel": "output tokens/s (warm legs)",
                             "xlim": "auto", "ylim": "auto", "xticks": [0.0, 1.0, 2.0],
                             "xticklabels": [("plain\nc=1", 8.0), ("oracle-4.3\nc=1", 8.0), ("oracle-4.3\nc=8", 8.0)]}
     assert spec["legend"] is None

@@ -2,7 +2,8 @@
 `scripts/gpu-check.sh` ran before. With these in the CUDA suite, the GPU machine's mutation run
 (`specgate mutate --cuda-only`) can judge the mutants no CPU test tells apart: the oracle
 proposer's tensors on the engine's device, the distribution checks' dense forward, the kernel
-count's CUDA events, a bench leg's GPU time, the load measured in a child (and the child's body), the copy bandwidth and the decode report's GPU,
+count's CUDA events, a bench leg's GPU time, the load measured in a child (and the child's body),
+the copy bandwidth and the decode report's GPU,
 and the transformers peer."""
 import json
 import math

@@ -44,7 +44,8 @@ def plain(make_llm, workload):
 def run_oracle(make_llm, workload, plain, tau, **kwargs):
     llm, _ = plain
     kwargs.setdefault("max_num_seqs", 4)
-    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, workload, K, tau)), **kwargs)
+    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, workload, K, tau)),
+                      **kwargs)
     outs = oracle.generate(workload.prompt_list(), workload.params(ignore_eos=True),
                            arrival_steps=workload.arrivals())
     acc = Acceptance()
@@ -194,7 +195,8 @@ def test_two_requests_with_one_prompt_draw_their_own_coins(make_llm, workload, p
     it), not by its prompt alone: the same prompt twice is corrupted at other positions."""
     llm, _ = plain
     twice = Workload((workload.prompts[0],) * 2, max_tokens=(96, 96))
-    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, twice, K, 2.5)), max_num_seqs=2)
+    oracle = make_llm(spec="oracle", num_spec_tokens=K, proposer=oracle_proposer(oracle_script(llm, twice, K, 2.5)),
+                      max_num_seqs=2)
     outs = oracle.generate(twice.prompt_list(), twice.params(ignore_eos=True))
     assert outs[0].token_ids == outs[1].token_ids  # lossless: the same tokens
     assert outs[0].stats.accepted_per_position != outs[1].stats.accepted_per_position

@@ -83,7 +83,8 @@ def test_tokens_past_the_end_are_never_emitted(make_llm):
     assert [len(o.token_ids) for o in outs] == [1, 2, 5, 9]
     assert [o.token_ids for o in outs] == [o.token_ids for o in sync]
     ran_past_end = sum(1 for step in llm.trace for r in step.requests
-                       if r.positions[0] >= len(outs[r.request_id].prompt_token_ids) + len(outs[r.request_id].token_ids) - 1
+                       if r.positions[0] >= len(outs[r.request_id].prompt_token_ids)
+                                            + len(outs[r.request_id].token_ids) - 1
                        and not r.is_prefill)
     assert ran_past_end > 0, "the device never ran past a finished request: the lag was not exercised"
 

@@ -43,8 +43,9 @@ def test_error_hierarchy():
 # ---- model folders -------------------------------------------------------------------------
 
 def test_no_model_folder_is_refused_naming_the_argument():
-    with pytest.raises(ModelLoadError, match=r"^LLM\(\) needs model=<a Hugging Face-format folder> \(the fixture target "
-                                             r"is fixtures\.TARGET_DIR; the specgate command and the test fixtures pass it\)$"):
+    with pytest.raises(ModelLoadError, match=r"^LLM\(\) needs model=<a Hugging Face-format folder> \(the fixture "
+                                             r"target is fixtures\.TARGET_DIR; the specgate command and the test "
+                                             r"fixtures pass it\)$"):
         LLM()
 
 

@@ -113,7 +113,8 @@ def test_packing_keeps_the_checkpoint(target_dir):
 
 
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
-                    reason="inductor's compile costs each mutant ~12 s; the Hypothesis cases above run the same functions")
+                    reason="inductor's compile costs each mutant ~12 s; the Hypothesis cases above run the "
+                           "same functions")
 @pytest.mark.xdist_group("inductor")
 @pytest.mark.parametrize("drafter, temperature", [("block", 0.0), ("block", 0.8), ("ngram", 0.0)],
                          ids=["block-greedy", "block-seeded-sampling", "ngram-greedy"])

@@ -153,7 +153,8 @@ REFUSED = {  # (file, edits, what the error must say)
     "repetition penalty": ("generation_config.json", dict(repetition_penalty=1.2),
                            "repetition_penalty=1.2 is not supported (repetition penalty)"),
     "beam search": ("generation_config.json", dict(num_beams=4), "num_beams=4 is not supported (beam search)"),
-    "unknown generation key": ("generation_config.json", dict(watermarking_config={}), "unknown key watermarking_config"),
+    "unknown generation key": ("generation_config.json", dict(watermarking_config={}),
+                               "unknown key watermarking_config"),
     "tokenizer class": ("tokenizer_config.json", dict(tokenizer_class="BertTokenizer"),
                         "tokenizer_class='BertTokenizer' is not supported"),
 }

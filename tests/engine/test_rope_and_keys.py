@@ -108,7 +108,8 @@ def test_llama3_s_original_context_is_read_where_transformers_reads_it():
     def original(raw):
         return parse_rope(raw, "config.json")[1].original_max_position_embeddings
 
-    assert original({**rope(**LLAMA31), "original_max_position_embeddings": 2048, "max_position_embeddings": 1024}) == 2048
+    assert original({**rope(**LLAMA31), "original_max_position_embeddings": 2048,
+                     "max_position_embeddings": 1024}) == 2048
     assert original({**rope(**LLAMA31), "max_position_embeddings": 1024}) == L31
     assert original({**rope(**outside), "max_position_embeddings": 1024}) == 1024
     assert original({**rope(**outside), "original_max_position_embeddings": 2048}) == 2048
@@ -117,7 +118,8 @@ def test_llama3_s_original_context_is_read_where_transformers_reads_it():
 @pytest.mark.parametrize("scaling", [
     {"rope_type": "linear", "factor": 2.0},
     LLAMA31,
-    {**LLAMA31, "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 4096},
+    {**LLAMA31, "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+     "original_max_position_embeddings": 4096},
     # the first frequency (1.0, wavelength 2 pi) lies exactly on the long-wavelength bound
     {**LLAMA31, "low_freq_factor": L31 / (2 * math.pi), "high_freq_factor": 2000.0},
 ], ids=["linear", "llama3.1", "llama3-low-2", "llama3-on-the-bound"])

@@ -203,7 +203,8 @@ def test_upload_stages_every_field_in_one_buffer_per_dtype_at_fixed_places():
         buffer = floats if t.dtype == torch.float32 else ints
         assert buffer.data_ptr() <= t.data_ptr() < buffer.data_ptr() + buffer.numel() * buffer.element_size()
     f = fields(p)
-    assert {name: getattr(first, name).tolist() for name in ("slots", "host_token_ids", "host_positions", "block_tables")} \
+    assert {name: getattr(first, name).tolist()
+            for name in ("slots", "host_token_ids", "host_positions", "block_tables")} \
         == {name: f[name] for name in ("slots", "host_token_ids", "host_positions", "block_tables")}
     assert first.device_fed.tolist() == [0] * 4 and first.temperature.tolist() == [0.5] * 3 + [0.0]
     again = runner._upload(plan(runner, rows[:1] + rows[2:], graph=True))  # 2 rows: bucket 2
@@ -333,7 +334,8 @@ def test_a_capture_warms_up_on_a_side_stream_then_captures_the_padding_step_in_i
                          ("end capture",)]
     assert isinstance(graph, CountedGraph) and static_out is not warm_out and list(runner.graphs) == [key]
     assert runner.declared_syncs.counts == {"graph capture": 1}
-    assert staged == {name: t.tolist() for name, t in named(runner._upload(padding)).items()}, "not the bucket's padding"
+    assert staged == {name: t.tolist() for name, t in named(runner._upload(padding)).items()}, \
+        "not the bucket's padding"
 
 
 def test_device_state_allocates_draft_probs_only_for_a_drafter_with_q():

@@ -83,7 +83,8 @@ def test_neighbouring_uniforms_are_independent(pair):
 
 
 @given(key=keys_st, position=st.integers(0, 1 << 20),
-       stream=st.sampled_from([STREAM_SAMPLE, STREAM_ACCEPT, STREAM_DRAFT]), others=st.lists(st.tuples(keys_st, st.integers(0, 1 << 20)), max_size=6), index=st.integers(0, 6))
+       stream=st.sampled_from([STREAM_SAMPLE, STREAM_ACCEPT, STREAM_DRAFT]),
+       others=st.lists(st.tuples(keys_st, st.integers(0, 1 << 20)), max_size=6), index=st.integers(0, 6))
 def test_keyed_uniforms_are_a_pure_function_of_key_position_stream(key, position, stream, others, index):
     alone = keyed_uniform(torch.tensor([key]), torch.tensor([position]), stream, 16)[0]
     rows = list(others)

@@ -17,7 +17,8 @@ def columns(num_rows: int, num_tokens: int) -> StepInputs[list]:
     return StepInputs(**cols, block_tables=[[r * WIDTH + j for j in range(WIDTH)] for r in range(num_rows)])
 
 
-@pytest.mark.parametrize("num_rows, num_tokens", [(MAX_ROWS + 1, 1), (1, MAX_TOKENS + 1), (MAX_ROWS + 1, MAX_TOKENS + 1)],
+@pytest.mark.parametrize("num_rows, num_tokens", [(MAX_ROWS + 1, 1), (1, MAX_TOKENS + 1),
+                                                  (MAX_ROWS + 1, MAX_TOKENS + 1)],
                          ids=["rows-over", "tokens-over", "both-over"])
 def test_a_step_past_either_buffer_is_refused_with_its_sizes(num_rows, num_tokens):
     staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", DeclaredSyncs())

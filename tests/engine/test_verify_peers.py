@@ -120,7 +120,8 @@ def test_a_large_padded_vocabulary_with_a_zero_mass_tail_and_minus_inf_draft_log
     keys = torch.arange(num_reqs) * 977 + 5
     drafts = sample_from_probs(q, keys[:, None], torch.arange(1, k + 1).expand(num_reqs, -1), 2)
     sampling = tensors(1.0, 50, 0.95, keys)
-    sampled, accepted = verify(logits, drafts, torch.full((num_reqs,), k), q, sampling, torch.ones(num_reqs, dtype=torch.long))
+    sampled, accepted = verify(logits, drafts, torch.full((num_reqs,), k), q, sampling,
+                               torch.ones(num_reqs, dtype=torch.long))
     emitted = sampled[torch.arange(k + 1) <= accepted[:, None]]
     assert emitted.min() >= 0 and emitted.max() < real
     assert not sampling.probs(logits).isnan().any()

@@ -83,7 +83,8 @@ def test_a_draft_whose_ratio_equals_its_uniform_is_rejected():
     # p = (0.5, 0.5, 0) at the draft row; draft x = 0 with q(x) chosen so p(x)/q(x) == u exactly.
     p = torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]).expand(num_reqs, 2, vocab)
     q = torch.tensor([[[c, 0.0, 1 - c]] for _, c in ties])
-    _, num_accepted = run(logits_of(p), torch.zeros(num_reqs, 1, dtype=torch.long), torch.ones(num_reqs, dtype=torch.long),
+    _, num_accepted = run(logits_of(p), torch.zeros(num_reqs, 1, dtype=torch.long),
+                          torch.ones(num_reqs, dtype=torch.long),
                           q, torch.tensor([key for key, _ in ties]), torch.zeros(num_reqs, dtype=torch.long))
     assert num_accepted.tolist() == [0] * num_reqs
 

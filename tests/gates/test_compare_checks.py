@@ -75,7 +75,8 @@ def test_the_compared_steps_are_every_real_verify_step_and_none_past_the_end(unp
     assert last_alone
     past_end = [r for s in refusals_pair[1].trace for r in s.requests
                 if not r.is_prefill and r.positions[0] > refusals_pair[1].final_len[r.request_id] - 2]
-    assert past_end and all((r.request_id, r.positions[0]) not in verify_steps(refusals_pair[1].trace, refusals_pair[1].final_len)
+    assert past_end and all((r.request_id, r.positions[0]) not in verify_steps(refusals_pair[1].trace,
+                                                                               refusals_pair[1].final_len)
                             for r in past_end)
 
 

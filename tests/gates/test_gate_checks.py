@@ -42,7 +42,8 @@ def test_emit_count_goes_red_on_one_changed_emit_count(refusals_pair):
     sync, async_ = refusals_pair
     doctored, step, rec = _doctor(async_, _verify_with_drafts, lambda r: setattr(r, "num_accepted", r.num_accepted + 1))
     diff = runs_difference(sync, doctored, fields=("emit_count",))
-    assert (diff.what, diff.step, diff.request_id, diff.position) == ("emit_count", step, rec.request_id, rec.positions[0])
+    assert (diff.what, diff.step, diff.request_id, diff.position) == ("emit_count", step, rec.request_id,
+                                                                      rec.positions[0])
     assert diff.actual == diff.expected + 1
     consistency = trace_consistency(doctored.outputs, doctored.trace)
     assert consistency is not None and consistency.request_id == rec.request_id
@@ -113,7 +114,8 @@ def test_acceptance_goes_red_on_a_leg_that_disagrees_with_its_trace(make_llm):
     from gates.acceptance import acceptance_difference as leg_difference
     workload = bench.Workload.uniform(["def main(", "x = 1\n" * 6], max_tokens=12, temperature=0.0)
     legs, expected, _ = traced_legs(make_llm, workload, spec="ngram", num_spec_tokens=3)
-    assert all(leg_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]) is None for leg in legs)
+    assert all(leg_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]) is None
+               for leg in legs)
     assert fold_difference(legs, workload, "ngram") is None
     leg = legs[-1]
     doctored = dict(leg.acceptance, num_accepted_tokens=leg.acceptance["num_accepted_tokens"] + 1)

@@ -26,7 +26,8 @@ def test_a_waived_drafter_claim_is_not_demanded_but_zero_cases_stay_red():
     claims = ("ngram", "block")
     assert report.gate_status("cpu", [_test()], claims, {"ngram"}, None, False)[0] == report.RED
     assert report.gate_status("cpu", [_test()], claims, {"ngram"}, None, False, waived=("block",))[0] == report.GREEN
-    assert report.gate_status("cpu", [_test(cases=0)], claims, {"ngram"}, None, False, waived=("block",))[0] == report.RED
+    assert report.gate_status("cpu", [_test(cases=0)], claims, {"ngram"}, None, False,
+                              waived=("block",))[0] == report.RED
     # Only the named drafter's claim is waived; the others are still demanded.
     status, reason = report.gate_status("cpu", [_test()], claims, {"block"}, None, False, waived=("block",))
     assert status == report.RED and "ngram" in reason

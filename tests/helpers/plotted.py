@@ -71,7 +71,8 @@ def bars(container) -> dict:
     return {"label": own_label(container), "x": nums(r.get_x() + r.get_width() / 2 for r in rects),
             "height": nums(r.get_height() for r in rects), "width": one(nums(r.get_width() for r in rects)),
             "colour": one([to_hex(r.get_facecolor()) for r in rects]),
-            "edge": one(["none" if e[3] == 0 else to_hex(e) for e in edges]), "hatch": [r.get_hatch() or "" for r in rects]}
+            "edge": one(["none" if e[3] == 0 else to_hex(e) for e in edges]),
+            "hatch": [r.get_hatch() or "" for r in rects]}
 
 
 def text(t) -> dict:

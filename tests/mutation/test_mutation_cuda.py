@@ -72,5 +72,6 @@ def test_a_cuda_run_forks_its_children_from_a_process_that_ran_no_test(tmp_path,
         assert mutant_parents, "no mutant's child ran the recording test"
         parents_that_ran_tests[isolation] = mutant_parents & ran_tests
     assert parents_that_ran_tests == {"fork": parents_that_ran_tests["fork"], "forkserver": set()}
-    assert parents_that_ran_tests["fork"], "the negative control: under fork, children fork from the clean run's process"
+    assert parents_that_ran_tests["fork"], \
+        "the negative control: under fork, children fork from the clean run's process"
     assert verdicts["fork"] == verdicts["forkserver"] and "killed" in verdicts["fork"].values()

@@ -2,7 +2,8 @@
 counts and both scores by their formulas (a timeout is a run failure, never a kill), locating a
 mutant in the original file (function and indented method), the Stryker report against our schema
 (and a broken one against it: the negative control), the Markdown survivor list, and the files.
-No mutmut run: the diffs are rendered the way mutmut renders them."""
+No mutmut run: the diffs are rendered the way mutmut renders them.
+Over 300 lines because every check shares the sample sources and hand-built records at its top."""
 import ast
 import difflib
 import json
@@ -17,7 +18,8 @@ from mutants.mutation.diff import locate, mutator_name
 from mutants.mutation.record import STATUSES, MutantRecord
 from mutants.mutation.report import markdown, score_line, stryker_report, summarise, write_reports
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "mutants" / "mutation" / "mutation-testing-report.schema.json")
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "mutants" / "mutation"
+                     / "mutation-testing-report.schema.json")
                     .read_text())
 
 VERIFY = '''"""Sample verify."""
@@ -277,7 +279,8 @@ def test_markdown_lists_every_survivor_and_run_failure_with_its_diff(records):
 def test_write_reports_writes_every_file(records, tmp_path):
     extra = {"wall_seconds": 12.5, "mutants_per_minute": 43.2, "command": "specgate mutate", "commit": "d646cb4"}
     paths = write_reports(tmp_path / "report", records, SOURCES, extra)
-    assert set(paths) == {"summary", "stryker", "markdown", "html", "records"} and all(p.is_file() for p in paths.values())
+    assert set(paths) == {"summary", "stryker", "markdown", "html", "records"} \
+        and all(p.is_file() for p in paths.values())
     assert json.loads(paths["summary"].read_text()) == {**summarise(records), **extra}
     report = json.loads(paths["stryker"].read_text(encoding="utf-8"))
     assert report == stryker_report(records, SOURCES)

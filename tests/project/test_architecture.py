@@ -92,7 +92,8 @@ def opening_text(source: str) -> str:
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_a_file_over_300_lines_says_why_in_its_opening(path):
     assert REASON in opening_text(path.read_text()), \
-        f"{path.relative_to(REPO)} has {len(path.read_text().splitlines())} lines: split it, or say '{REASON} ...' at its top"
+        (f"{path.relative_to(REPO)} has {len(path.read_text().splitlines())} lines: split it, "
+         f"or say '{REASON} ...' at its top")
 
 
 # ---- modules: no circle, and the engine's core below its benchmark ---------------------------------

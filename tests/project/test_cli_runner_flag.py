@@ -24,7 +24,8 @@ def engine_kwargs(monkeypatch, argv: list[str]) -> dict:
 
 @pytest.mark.parametrize("flags, expected", [([], None), (["--async-runner"], True), (["--sync-runner"], False)])
 def test_generate_passes_the_runner_choice_to_the_engine(monkeypatch, capsys, flags, expected):
-    assert engine_kwargs(monkeypatch, ["generate", "--prompt", "def f(", "--spec", "ngram", *flags])["async_runner"] is expected
+    assert engine_kwargs(monkeypatch, ["generate", "--prompt", "def f(", "--spec", "ngram",
+                                       *flags])["async_runner"] is expected
 
 
 def test_the_two_runner_flags_exclude_each_other(capsys):

@@ -30,7 +30,8 @@ function texts(root) { let t = ""; for (const n of root.childNodes) { if (n.node
   else if (n.nodeType === 1) { if (n.shadowRoot) t += texts(n.shadowRoot); t += texts(n); } } return t; }
 window.addEventListener("load", () => setTimeout(() => {
   const app = document.querySelector("mutation-test-report-app"), pre = document.createElement("pre");
-  pre.id = "rendered"; pre.textContent = app && app.shadowRoot ? texts(app.shadowRoot).replace(/\\s+/g, " ") : "NOT RENDERED";
+  pre.id = "rendered";
+  pre.textContent = app && app.shadowRoot ? texts(app.shadowRoot).replace(/\\s+/g, " ") : "NOT RENDERED";
   document.body.appendChild(pre); }, 2000));
 </script></body>"""
 

@@ -51,8 +51,10 @@ def test_all_red_where_named_and_green_on_the_clean_tree_passes_and_cuda_is_skip
 
 
 @pytest.mark.parametrize("change, problem", [
-    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", GREEN), "stale-drafts: gate combine is green, expected red"),
-    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", matrix.ERROR), "gate combine is error, expected red"),
+    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", GREEN),
+     "stale-drafts: gate combine is green, expected red"),
+    (lambda r: setattr(r["stale-drafts"].gates["combine"], "status", matrix.ERROR),
+     "gate combine is error, expected red"),
     (lambda r: r["stale-drafts"].gates.pop("combine"), "gate combine is not run, expected red"),
     (lambda r: r.update({"stale-drafts": TreeRun("stale-drafts", STALE, detail="hunk 1 matches nowhere")}),
      "stale-drafts: stale, the patch no longer applies (hunk 1 matches nowhere); re-seed it"),
@@ -95,7 +97,8 @@ def test_a_token_changing_defect_lossless_missed_is_noted_not_failed():
     defects = FAKE + (Defect("padding-writes-a-real-slot", "x", ("combine",)),)
     runs = {**good_runs(), "padding-writes-a-real-slot": ran("padding-writes-a-real-slot", lossless=GREEN, combine=RED)}
     v = judge(runs, defects=defects)
-    assert v.exit_status == 0 and any(n.startswith("padding-writes-a-real-slot: lossless stayed green") for n in v.notes)
+    assert v.exit_status == 0 and any(n.startswith("padding-writes-a-real-slot: lossless stayed green")
+                                      for n in v.notes)
 
 
 def test_the_matrix_marks_expected_cells_and_broken_ones():

@@ -42,7 +42,8 @@ def test_defect_names_are_unique_kebab_case_and_name_known_gates():
         assert len(d.gates) == len(set(d.gates))
         assert d.models.strip() and d.models.count(". ") <= 2, f"{d.name}: say what it models in one or two sentences"
         assert d.needs in ("cpu", "cuda")
-        assert not (d.token_invisible and "lossless" in d.gates), f"{d.name} cannot be invisible to lossless and red on it"
+        assert not (d.token_invisible and "lossless" in d.gates), \
+            f"{d.name} cannot be invisible to lossless and red on it"
 
 
 def test_a_bad_defect_is_refused():
@@ -267,7 +268,8 @@ def test_a_defect_runs_its_gates_plus_lossless_when_it_claims_every_token_unchan
     from mutants.proof.prove import gates_for
     order = [g.name for g in registry.GATES]
     assert gates_for(Defect("d", "x", ("emit-count", "combine")), order, full=False) == ["combine", "emit-count"]
-    assert gates_for(Defect("d", "x", ("emit-count",), token_invisible=True), order, False) == ["lossless", "emit-count"]
+    assert gates_for(Defect("d", "x", ("emit-count",), token_invisible=True),
+                     order, False) == ["lossless", "emit-count"]
     assert gates_for(Defect("d", "x", ("emit-count",)), order, full=True) == order
 
 
@@ -289,6 +291,7 @@ def test_prove_command_line():
     ap = argparse.ArgumentParser()
     add_prove_parser(ap.add_subparsers(dest="command"))
     args = ap.parse_args(["prove", "stale-drafts", "--json", "m.json", "--markdown", "m.md", "--full", "--jobs", "3"])
-    assert (args.defects, args.json, args.markdown, args.full, args.jobs) == (["stale-drafts"], "m.json", "m.md", True, 3)
+    assert (args.defects, args.json, args.markdown, args.full, args.jobs) == (["stale-drafts"], "m.json", "m.md",
+                                                                              True, 3)
     assert ap.parse_args(["prove"]).jobs == 2
     assert args.func(ap.parse_args(["prove", "no-such-defect"])) == 2

@@ -11,7 +11,7 @@ JOBS ?= $(shell env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 2)
 # JOBS=1: the test suite in this process (-n 0), without xdist workers.
 XDIST = $(if $(filter 1,$(JOBS)),-n 0,-n $(JOBS) --dist loadgroup)
 
-.PHONY: venv test prove gates gate gates-deep gates-coverage mutate viewer fixtures bench-cpu clean
+.PHONY: venv lint test prove gates gate gates-deep gates-coverage mutate viewer fixtures bench-cpu clean
 
 venv: $(STAMP)
 $(STAMP):
@@ -22,7 +22,11 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: venv
+# The linter (ruff, pinned; its rules are in pyproject.toml), then the suite, then the proof.
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest tests $(XDIST)
 	$(MAKE) prove JOBS=$(JOBS)
 

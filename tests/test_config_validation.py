@@ -292,12 +292,3 @@ def test_config_json_is_the_default_name_and_a_torch_prefixed_dtype_is_read_as_t
     assert str(refused.value) == "config.json: eos_token_id is an empty list"
     assert ModelConfig.from_dict({**SMALLEST_LLAMA, "torch_dtype": "torch.bfloat16"}).dtype == "bfloat16"
 
-
-@pytest.mark.parametrize("sizes", [dict(head_dim=15), dict(hidden_size=30, num_attention_heads=2)],
-                         ids=["given", "derived"])
-def test_an_odd_head_dim_is_refused_at_load_as_transformers_refuses_it(sizes):
-    """Rotary embedding rotates pairs of dimensions; the engine once accepted 15 and died in the
-    first generate with a raw RuntimeError."""
-    with pytest.raises(ModelLoadError, match=r"^config\.json: head_dim \(15\) must be even: rotary embedding "
-                                             r"rotates pairs of dimensions"):
-        ModelConfig(**{**BASE_MODEL, "hidden_size": 30, **sizes})

@@ -3,9 +3,10 @@ transformers (LlamaConfig + save_pretrained) and the `tokenizers` library: nothi
 The oracle gate runs the engine and transformers on them; tests use them too.
 
 Tokenizer layouts (TOKENIZER_LAYOUTS): Llama 3's byte-level BPE with its post-processor adding
-<|begin_of_text|>; Llama 2's as published (a Prepend+Replace normalizer, byte fallback,
-tokenizer_class LlamaTokenizer, `legacy` false) and its variants `legacy` true and
-`add_prefix_space` false; each with an added (non-special) token.
+<|begin_of_text|>, also with truncation and padding sections; Llama 2's as published (a
+Prepend+Replace normalizer, byte fallback, tokenizer_class LlamaTokenizer, `legacy` false) and its
+variants `legacy` true, no `legacy` key and `add_prefix_space` false; each with an added
+(non-special) token.
 """
 import json
 import sysconfig
@@ -22,10 +23,13 @@ TEXTS = ("Hello world", " leading space", "double  space and trailing ", "two\nl
          "<s>after bos</s> after eos", "<|begin_of_text|>x <|eot_id|>\ny", f"call {ADDED} now{ADDED}",
          "é→🐍 naïve", "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", "",
          "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>")
+# layout -> tokenizer_config.json keys beside the base layout's (llama3 or llama2, the name's start)
 TOKENIZER_LAYOUTS = {
     "llama3": {},
+    "llama3-truncation-padding": {},  # tokenizer.json with truncation and padding sections, as some repos ship
     "llama2": {"legacy": False},
     "llama2-legacy": {"legacy": True},
+    "llama2-no-legacy-key": {},       # transformers' default: legacy false
     "llama2-no-prefix-space": {"legacy": False, "add_prefix_space": False},
 }
 
@@ -38,7 +42,7 @@ def write_tokenizer(folder: Path, layout: str, vocab_size: int = 400) -> Path:
     """tokenizer.json and tokenizer_config.json of `layout` (TOKENIZER_LAYOUTS) into `folder`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     folder.mkdir(parents=True, exist_ok=True)
-    if layout == "llama3":
+    if layout.startswith("llama3"):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -69,6 +73,9 @@ def write_tokenizer(folder: Path, layout: str, vocab_size: int = 400) -> Path:
         config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
                   "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, **TOKENIZER_LAYOUTS[layout]}
     tok.add_tokens([AddedToken(ADDED, special=False, normalized=False)])
+    if layout == "llama3-truncation-padding":
+        tok.enable_truncation(max_length=8)
+        tok.enable_padding(pad_id=2, pad_token=LLAMA3_SPECIALS[2], length=64)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return folder
@@ -95,14 +102,21 @@ MODEL_STYLES = {
 }
 
 
+QK_SCALE = 3.0
+
+
 def write_model(folder: Path, style: str, dtype: torch.dtype, seed: int = 0) -> Path:
     """A random-weight LlamaForCausalLM of `style` (MODEL_STYLES) saved by transformers in `dtype`,
-    with its style's tokenizer beside it. initializer_range 0.2: rope, norm and precision details
-    change the greedy tokens."""
+    with its style's tokenizer beside it. initializer_range 0.2 and queries and keys scaled by
+    QK_SCALE: rope, norm and precision details change the greedy tokens."""
     import transformers
     write_tokenizer(folder, "llama3" if style == "llama3" else "llama2")
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=vocab_size_of(folder), initializer_range=0.2, **MODEL_STYLES[style])
-    model = transformers.LlamaForCausalLM(cfg).to(dtype).eval()
-    model.save_pretrained(folder)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharp attention, as trained models have: positions, so rope, decide tokens
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(QK_SCALE)
+            layer.self_attn.k_proj.weight.mul_(QK_SCALE)
+    model.to(dtype).save_pretrained(folder)
     return folder

@@ -53,10 +53,11 @@ class HFTokenizer:
     tokenizer_config.json's add_bos_token / add_eos_token are ignored, since transformers drops
     them whenever a tokenizer.json is present; its `truncation` and `padding` sections are off,
     as transformers' encode leaves them unless asked. For tokenizer_class LlamaTokenizer(Fast)
-    over a tokenizer.json that is not byte-level, the pipeline is rebuilt as transformers rebuilds it (llama_pipeline: `legacy` and
-    `add_prefix_space` decide the leading "▁"). What transformers would do by adding tokens is
-    refused (check_special_tokens). decode drops special tokens. tests/test_tokenizer_hf.py and
-    the oracle gate compare every case with AutoTokenizer."""
+    over a tokenizer.json that is not byte-level, the pipeline is rebuilt as transformers
+    rebuilds it (llama_pipeline: `legacy` and `add_prefix_space` decide the leading "▁"). What
+    transformers would do by adding tokens is refused (check_special_tokens). decode drops
+    special tokens. tests/test_tokenizer_layouts.py, tests/test_tokenizer_hf.py and the oracle
+    gate compare every case with AutoTokenizer."""
 
     def __init__(self, folder: str | os.PathLike):
         from tokenizers import Tokenizer
@@ -68,8 +69,9 @@ class HFTokenizer:
             cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         except Exception as e:  # a missing or broken file
             raise ModelLoadError(f"{folder}: tokenizer.json / tokenizer_config.json cannot be read: {e}") from None
-        if not isinstance(cfg, dict):
-            raise ModelLoadError(f"{cfg_path} must hold a JSON object")
+        for path, value in ((cfg_path, cfg), (folder / TOKENIZER_FILE, raw)):
+            if not isinstance(value, dict):
+                raise ModelLoadError(f"{path} must hold a JSON object")
         cls = cfg.get("tokenizer_class")
         if cls not in TOKENIZER_CLASSES:
             raise ModelLoadError(f"{cfg_path}: tokenizer_class={cls!r} is not supported "

@@ -291,4 +291,3 @@ def test_config_json_is_the_default_name_and_a_torch_prefixed_dtype_is_read_as_t
         ModelConfig.from_dict({**SMALLEST_LLAMA, "eos_token_id": []})
     assert str(refused.value) == "config.json: eos_token_id is an empty list"
     assert ModelConfig.from_dict({**SMALLEST_LLAMA, "torch_dtype": "torch.bfloat16"}).dtype == "bfloat16"
-

@@ -48,10 +48,12 @@ NUM_PROMPTS = 8           # one batch; prefixes of one random sequence, lengths 
 FLOAT32_TIE = 1e-4        # a float32 top-2 margin below this is a tie; not judged
 # bfloat16: judged where transformers' top-2 margin exceeds BF16_TIE_FACTOR times its own rounding
 # at that position (the largest difference between its bfloat16 logits and the float32 logits of
-# the same weights). Measured on these folders: the engine then never differs from transformers,
-# while rotary frequencies rounded to bfloat16 differ at 5 to 15 percent of judged positions.
-BF16_TIE_FACTOR = 2
-MIN_JUDGED = 0.25         # of the positions run, per bfloat16 folder (float32: all but ties)
+# the same weights). Measured over the fixture target and these folders at 5 seeds each
+# (2026-12-02): the correct engine differed from transformers at one judged position at factor 2
+# (its margin under 3 roundings), at none from 3 up; rotary frequencies rounded to bfloat16
+# differed at 9 judged positions of the fixture target at factor 4 (7 at factor 3).
+BF16_TIE_FACTOR = 4
+MIN_JUDGED_BF16 = 8       # judged positions per bfloat16 run, at least (float32: all but 2 ties)
 FOLDERS = [("llama3", torch.bfloat16), ("llama2", torch.bfloat16), ("llama3", torch.float32),
            ("llama2", torch.float32)]
 ORACLE_POSITIONS = 1100   # past 1,000, and no further: a --model folder may hold 128k positions
@@ -107,7 +109,7 @@ def check_greedy(gate_record, folder, dtype: torch.dtype, claim: str) -> None:
     difference, judged, total = greedy_difference(theirs, llm, prompts, dtype, gate_record)
     gate_record.measure(folder=folder.name, dtype=str(dtype), judged=judged, positions=total)
     gate_record.check(difference, f"{folder.name} in {dtype}")
-    floor = MIN_JUDGED * total if dtype == torch.bfloat16 else total - 2
+    floor = MIN_JUDGED_BF16 if dtype == torch.bfloat16 else total - 2
     assert judged >= max(floor, 1), f"{folder.name} in {dtype}: judged {judged} of {total} positions, " \
                                     f"fewer than {floor:g}: the margins are too small to judge"
     gate_record.occurred(claim)

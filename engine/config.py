@@ -87,6 +87,9 @@ class ModelConfig:
             raise ModelLoadError(
                 f"config.json: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
                 f"({self.num_attention_heads}) when head_dim is not given")
+        if self.dim_per_head % 2:
+            raise ModelLoadError(f"config.json: head_dim ({self.dim_per_head}) must be even: rotary embedding "
+                                 f"rotates pairs of dimensions (transformers refuses it too)")
         if self.eos_token_id is not None and not self.eos_token_ids:
             object.__setattr__(self, "eos_token_ids", (self.eos_token_id,))
         if self.eos_token_ids and self.eos_token_id is None:

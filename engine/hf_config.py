@@ -87,7 +87,8 @@ LLAMA_CONFIG_KEYS: dict[str, Key] = {
 }
 
 GENERATION_CONFIG_KEYS: dict[str, Key] = {
-    "eos_token_id": Key(HONOURED, "replaces config.json's eos ids, as in transformers; every id stops"),
+    "eos_token_id": Key(HONOURED, "replaces config.json's eos ids, as in transformers; every id stops; "
+                              "absent or null: none"),
     "bos_token_id": Key(INERT, "generation starts from the encoded prompt", (ANY,)),
     "pad_token_id": Key(INERT, "the engine never pads a request's tokens", (ANY,)),
     "do_sample": Key(HONOURED, "false: the default SamplingParams are greedy"),
@@ -95,7 +96,8 @@ GENERATION_CONFIG_KEYS: dict[str, Key] = {
     "top_k": Key(HONOURED, "default SamplingParams.top_k when do_sample"),
     "top_p": Key(HONOURED, "default SamplingParams.top_p when do_sample"),
     "max_new_tokens": Key(HONOURED, "default SamplingParams.max_tokens"),
-    "max_length": Key(INERT, "the engine bounds length by max_model_len and max_tokens", (ANY,)),
+    "max_length": Key(HONOURED, "prompt + new tokens of a request without SamplingParams, unless "
+                            "max_new_tokens is given (transformers' generate)"),
     "transformers_version": Key(INERT, "bookkeeping", (ANY,)),
     "_from_model_config": Key(INERT, "bookkeeping", (ANY,)),
     "use_cache": Key(INERT, "the engine always uses its paged KV cache", (ANY,)),

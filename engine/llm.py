@@ -99,17 +99,14 @@ class LLM:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_step: int = 0) -> Request:
         """Validate and queue one request. A bad request raises RequestError and changes nothing."""
-        params = params if params is not None else self.generation.sampling_params()
-        token_ids = self._validate(prompt, params, arrival_step)
+        token_ids, params = self._validate(prompt, params, arrival_step)
         req = Request(self._next_id, token_ids, params, request_key(params.seed, self._rng),
                       arrival_step=self.scheduler.step + arrival_step)
         self._next_id += 1
         self.scheduler.add(req)
         return req
 
-    def _validate(self, prompt, params, arrival_step) -> list[int]:
-        if not isinstance(params, SamplingParams):
-            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+    def _validate(self, prompt, params, arrival_step) -> tuple[list[int], SamplingParams]:  # params None: defaults
         if isinstance(prompt, str):
             token_ids = self.tokenizer.encode(prompt) if prompt else []
         elif isinstance(prompt, (list, tuple)):
@@ -118,6 +115,9 @@ class LLM:
             raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not token_ids:
             raise RequestError("prompt is empty")
+        params = self.generation.sampling_params(len(token_ids)) if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids + list(params.stop_token_ids)
                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
@@ -132,7 +132,7 @@ class LLM:
         if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
             raise RequestError(f"arrival_step must be an integer >= 0, got {arrival_step!r}")
         self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
-        return token_ids
+        return token_ids, params
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -234,13 +234,13 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         n = len(prompts)
-        params_list = params if isinstance(params, list) else [params or self.generation.sampling_params()] * n
+        params_list = params if isinstance(params, list) else [params] * n  # None: the folder's defaults
         arrivals = arrival_steps or [0] * n
         if len(params_list) != n or len(arrivals) != n:
             raise RequestError(f"got {n} prompts, {len(params_list)} params and {len(arrivals)} arrival steps")
         for i, (prompt, p, a) in enumerate(zip(prompts, params_list, arrivals)):
             try:
-                self._validate(prompt, p if p is not None else self.generation.sampling_params(), a)
+                self._validate(prompt, p, a)
             except RequestError as e:
                 raise RequestError(f"request {i}: {e}") from None
         reqs = [self.add_request(pr, p, a) for pr, p, a in zip(prompts, params_list, arrivals)]

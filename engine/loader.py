@@ -120,7 +120,7 @@ def load_model(model_dir: str | os.PathLike, device: str = "cpu",
                 f"{source}: tie_word_embeddings is true but the file stores an lm_head.weight that differs "
                 f"from model.embed_tokens.weight; specgate refuses to guess which head is meant (transformers "
                 f"would use the stored one): set tie_word_embeddings to false to use it")
-    model.rotary.to(device=device, dtype=dtype)
+    model.rotary.to(device=device)  # inv_freq stays float32 (RotaryEmbedding._apply)
     return model.eval()
 
 

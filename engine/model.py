@@ -50,6 +50,14 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", inv_freq(head_dim, theta, scaling), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)` on the model moves inv_freq but keeps it float32, as transformers does: in
+        bfloat16 it is off by up to 1e-3, about a radian of angle at position 1,000."""
+        kept = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = kept.to(device=self.inv_freq.device)
+        return self
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [..., T, H, D] with positions broadcastable to [..., T]."""
         return rotate(x, *rotary_angles(positions, self.inv_freq))

@@ -152,7 +152,8 @@ def _splitmix64(x: int) -> int:
 
 def guarded_processors(req) -> list[LogitsProcessor]:
     """The request's logits processors, each wrapped so that one which raises, or returns something
-    other than a logits row of the same shape, fails this request alone: it records the error (`req.fail`)
+    other than a logits row of the same shape, or a row where no token is possible (all NaN or
+    -inf, where argmax would emit token 0), fails this request alone: it records the error (`req.fail`)
     and leaves the row as it was, and the engine drops the request's result for the step."""
     def guard(proc: LogitsProcessor) -> LogitsProcessor:
         def run(output_ids: list[int], row: torch.Tensor) -> torch.Tensor:
@@ -163,6 +164,9 @@ def guarded_processors(req) -> list[LogitsProcessor]:
                 if not isinstance(out, torch.Tensor) or out.shape != row.shape:
                     raise TypeError(f"returned {type(out).__name__} {getattr(out, 'shape', '')}, "
                                     f"not a logits row of shape {tuple(row.shape)}")
+                if not bool((out > float("-inf")).any()):  # NaN compares false too
+                    raise ValueError("returned a row with every logit NaN or -inf: no token can be chosen "
+                                     "(transformers raises here too); leave at least one token finite")
                 return out
             except Exception as e:  # noqa: BLE001 - any failure of user code fails its request only
                 req.fail(f"logits processor {getattr(proc, '__name__', proc)!r} failed: {type(e).__name__}: {e}")

@@ -70,6 +70,10 @@ GATES = (
          "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", timed=True),
     Gate("busy", "busy", "G4: the busy level of the decode window, eager and graph arm, async and sync; the "
          "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda", timed=True),
+    Gate("oracle", "oracle", "transformers itself as the reference: greedy tokens equal its argmax on the fixture "
+         "target and random Llama 3- and Llama 2-style folders, float32 and bfloat16 (judged above bfloat16 "
+         "rounding, past 1,000 positions, mixed-length batch); tokenizer ids equal AutoTokenizer's per layout; "
+         "generation defaults equal its generate", "cpu"),
     Gate("no-sync", "no_sync", "the whole async decode loop (schedule to commit) makes no host read beyond "
          "the engine's declared waits: a host-read hook everywhere, and on CUDA "
          "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu"),

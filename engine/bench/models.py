@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE
-from engine.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE
+from engine.tokenizer import BOS_ID, BYTE_TOKENIZER_CLASS, EOS_ID, TOKENIZER_CONFIG_FILE, VOCAB_SIZE
 
 MARKER_FILE = ".specgate-bench-model.json"
 
@@ -175,6 +175,7 @@ def write_bench_model(shape_name: str, seed: int = 0, folder: str | os.PathLike 
     shape = shape_named(shape_name)
     folder = Path(folder) if folder is not None else default_dir(shape_name, seed)
     if is_complete(folder, shape_name, seed):
+        _name_byte_tokenizer(folder)  # a folder written before the tokenizer had to be named
         return folder
     _clear(folder)
     folder.mkdir(parents=True)  # _clear left no folder behind
@@ -192,8 +193,16 @@ def write_bench_model(shape_name: str, seed: int = 0, folder: str | os.PathLike 
             progress(f"wrote {name} ({index + 1} of {len(plan)})")
     (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total_size},
                                                  "weight_map": weight_map}, indent=2) + "\n")
+    _name_byte_tokenizer(folder)
     (folder / MARKER_FILE).write_text(json.dumps(_marker(shape_name, seed)))  # last: the folder is whole
     return folder
+
+
+def _name_byte_tokenizer(folder: Path) -> None:
+    """The byte vocabulary's tokenizer, by name: a folder without one is refused (engine/tokenizer.py)."""
+    path = folder / TOKENIZER_CONFIG_FILE
+    if not path.is_file():
+        path.write_text(json.dumps({"tokenizer_class": BYTE_TOKENIZER_CLASS}) + "\n")
 
 
 def _clear(folder: Path) -> None:
@@ -202,7 +211,7 @@ def _clear(folder: Path) -> None:
         return
     if not folder.is_dir():
         raise SpecgateError(f"{folder} exists and is not a folder")
-    ours = {"config.json", INDEX_FILE, MARKER_FILE}
+    ours = {"config.json", INDEX_FILE, MARKER_FILE, TOKENIZER_CONFIG_FILE}
     foreign = [p.name for p in folder.iterdir()
                if p.name not in ours and not (p.name.startswith("model-") and p.name.endswith(".safetensors"))]
     if foreign:

@@ -179,6 +179,22 @@ DEFECTS = (
            "reproducible, but every engine seed gives the same tokens (seeded gate workloads never drew "
            "from it).",
            ("lossless",)),
+    # ---- what transformers computes (the oracle gate) ---------------------------------------------
+    Defect("rotary-frequencies-in-bfloat16",
+           "Rope angles computed from inv_freq cast to the activations' dtype, so a bfloat16 engine rounds the "
+           "frequencies (issue 35's first finding, which the loader's cast made): off by up to 1e-3, about a "
+           "radian at position 1,000; every check that compares the engine with itself or its own reference "
+           "decoder shares the rounding, only transformers does not.",
+           ("oracle",)),
+    Defect("llama-tokenizer-legacy-by-default",
+           "A LlamaTokenizer folder without a `legacy` key read as legacy (transformers 4's slow tokenizer "
+           "default; transformers 5 says false): \"▁\" is prepended after every special token, so text after "
+           "<s> or </s>, and every rendered Llama 2 chat prompt, encodes differently from AutoTokenizer.",
+           ("oracle",)),
+    Defect("tokenizer-json-truncation-kept",
+           "tokenizer.json's truncation section left on (padding dropped): prompts are cut to its max_length "
+           "silently, where transformers' encode ignores it unless asked (issue 35's second finding).",
+           ("oracle",)),
 )
 
 

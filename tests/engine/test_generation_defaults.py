@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.config import ModelConfig
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, RequestError
 from engine.generation_config import GenerationDefaults
 
 
@@ -21,9 +21,13 @@ def defaults(tmp_path, model_config, **raw) -> GenerationDefaults:
     return GenerationDefaults.from_dir(tmp_path, model_config)
 
 
-def test_a_file_without_eos_keeps_config_json_s_ids_and_one_with_it_replaces_them(tmp_path, model_config):
+def test_no_file_keeps_config_json_s_ids_and_a_file_decides_them_alone(tmp_path, model_config):
+    """transformers' generate: a generation_config.json without eos_token_id (or with null, or
+    written from the model config) has no end id, whatever config.json says."""
     assert model_config.eos_token_ids
-    assert defaults(tmp_path, model_config, do_sample=False).eos_token_ids == model_config.eos_token_ids
+    assert GenerationDefaults.from_dir(tmp_path, model_config).eos_token_ids == model_config.eos_token_ids
+    for raw in ({}, {"do_sample": False}, {"eos_token_id": None}, {"_from_model_config": True}):
+        assert defaults(tmp_path, model_config, **raw).eos_token_ids == (), raw
     assert defaults(tmp_path, model_config, eos_token_id=[3, 4]).eos_token_ids == (3, 4)
     assert defaults(tmp_path, model_config, eos_token_id=5).eos_token_ids == (5,)
 
@@ -50,6 +54,20 @@ def test_sampling_keys_apply_only_with_do_sample_and_unset_ones_take_transformer
     one_more = dataclasses.replace(small, vocab_size=51)
     assert defaults(tmp_path, one_more, do_sample=True).sampling == {"temperature": 1.0, "top_k": 50}
     assert defaults(tmp_path, model_config, max_new_tokens=7).sampling == {"temperature": 0.0, "max_tokens": 7}
+
+
+def test_without_params_a_request_is_greedy_and_as_long_as_transformers_makes_it(tmp_path, model_config):
+    """No file: greedy, 20 new tokens. max_length counts the prompt; max_new_tokens wins over it;
+    a prompt that fills max_length is refused, as transformers refuses it."""
+    none = GenerationDefaults.from_dir(tmp_path, model_config).sampling_params(5)
+    assert (none.temperature, none.max_tokens) == (0.0, 20)
+    assert defaults(tmp_path, model_config, max_length=12).sampling_params(5).max_tokens == 7
+    assert defaults(tmp_path, model_config, max_length=12, max_new_tokens=3).sampling_params(5).max_tokens == 3
+    with pytest.raises(RequestError, match=r"prompt has 12 tokens, generation_config\.json's max_length \(12\) "
+                                           r"leaves none to generate"):
+        defaults(tmp_path, model_config, max_length=12).sampling_params(12)
+    with pytest.raises(ModelLoadError, match="max_length must be an integer >= 2"):
+        defaults(tmp_path, model_config, max_length=0)
 
 
 def test_sampling_values_a_request_would_refuse_are_a_load_error_naming_the_file(tmp_path, model_config):

@@ -186,11 +186,11 @@ def test_generation_config_sampling_defaults_apply_when_no_params_are_given(tmp_
     shutil.copytree(llama3_dir, folder)
     edit_json(folder / "generation_config.json", do_sample=False, max_new_tokens=5)
     llm = make(folder)
-    assert llm.generation.sampling_params().temperature == 0
+    assert llm.generation.sampling_params(3).temperature == 0
     out, = llm.generate([PROMPTS[0]])
     assert out.token_ids == references["llama3"][0][:5]
     edit_json(folder / "generation_config.json", do_sample=True, temperature=0.6, top_p=0.9)
-    params = make(folder).generation.sampling_params()
+    params = make(folder).generation.sampling_params(3)
     # top_k unset: transformers' generate default, 50
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 50, 5)
 

@@ -195,7 +195,8 @@ def test_generate_gives_default_params_where_the_list_holds_none(target_dir, mon
     llm = llm_for(target_dir)
     bound_polls(llm, monkeypatch)
     outs = llm.generate(["def main(", "x"], [None, greedy(2)])
-    assert len(outs[0].token_ids) == SamplingParams().max_tokens or outs[0].finish_reason == "stop"
+    default = llm.generation.sampling_params(len(outs[0].prompt_token_ids))  # the folder's: 20 tokens, greedy
+    assert len(outs[0].token_ids) == default.max_tokens == 20 or outs[0].finish_reason == "stop"
     assert len(outs[1].token_ids) == 2
 
 

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
 from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
 from engine.rope import DEFAULT_THETA, inv_freq, parse_rope
 
@@ -147,3 +149,14 @@ def test_an_encoder_decoder_key_passes_only_when_unset(name):
     with pytest.raises(ValueError) as refused:
         check_keys({name: 0}, LLAMA_CONFIG_KEYS, "config.json")
     assert str(refused.value) == f"config.json: {name}=0 is not supported (encoder-decoder only)"
+
+
+@pytest.mark.parametrize("sizes", [dict(head_dim=15), dict(hidden_size=30, num_attention_heads=2)],
+                         ids=["given", "derived"])
+def test_an_odd_head_dim_is_refused_at_load_as_transformers_refuses_it(sizes):
+    """Rotary embedding rotates pairs of dimensions; the engine once accepted 15 and died in the
+    first generate with a raw RuntimeError."""
+    with pytest.raises(ModelLoadError, match=r"^config\.json: head_dim \(15\) must be even: rotary embedding "
+                                             r"rotates pairs of dimensions"):
+        ModelConfig(**{**dict(vocab_size=260, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=64, hidden_size=30), **sizes})

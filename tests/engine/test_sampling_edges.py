@@ -128,3 +128,22 @@ def test_a_processor_returning_a_wrong_shape_fails_its_request_alone(make_llm, p
     vocab = llm.model.config.vocab_size
     assert outs[1].error == (f"logits processor {proc.__name__!r} failed: TypeError: returned {returned}, "
                              f"not a logits row of shape ({vocab},)")
+
+
+def all_nan(ids, row):
+    return torch.full_like(row, float("nan"))
+
+
+def all_minus_inf(ids, row):
+    return torch.full_like(row, float("-inf"))
+
+
+@pytest.mark.parametrize("proc", [all_nan, all_minus_inf])
+def test_a_processor_leaving_no_possible_token_fails_its_request_instead_of_emitting_token_0(make_llm, proc):
+    """transformers raises on such a row; argmax over it would emit token 0 at every step."""
+    llm = make_llm()
+    outs = llm.generate(PROMPTS[:2], [greedy(), greedy(logits_processors=[proc])])
+    assert [o.finish_reason for o in outs] == ["length", "error"] and outs[1].token_ids == []
+    assert outs[1].error == (f"logits processor {proc.__name__!r} failed: ValueError: returned a row with every "
+                             f"logit NaN or -inf: no token can be chosen (transformers raises here too); leave at "
+                             f"least one token finite")

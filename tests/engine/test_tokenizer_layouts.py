@@ -1,0 +1,99 @@
+"""Tokenizer layouts as checkpoints ship them, against transformers' AutoTokenizer (issue 35):
+the Llama 2 layout with `legacy` and `add_prefix_space` either way, a tokenizer.json's
+`truncation` and `padding` sections (transformers' encode ignores them), and what is refused
+with one line: a folder without tokenizer.json (never bytes by default), split_special_tokens,
+and a token tokenizer_config.json names that tokenizer.json lacks."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelLoadError
+from engine.tokenizer import BYTE_TOKENIZER_CLASS, ByteTokenizer, HFTokenizer, load_tokenizer
+from gates.hf_folders import TEXTS, TOKENIZER_LAYOUTS, write_tokenizer
+
+pytestmark = pytest.mark.xdist_group("hf-folders")
+transformers = pytest.importorskip("transformers")
+
+
+def assert_encodes_as_transformers(folder: Path) -> None:
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
+    assert ours.vocab_size == len(theirs)
+    for text in TEXTS:
+        assert ours.encode(text) == theirs.encode(text), text
+        assert ours.encode(text, add_bos=False) == theirs.encode(text, add_special_tokens=False), text
+        ids = theirs.encode(text)
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+
+
+@pytest.mark.parametrize("layout", TOKENIZER_LAYOUTS)
+def test_each_layout_encodes_and_decodes_as_transformers(tmp_path, layout):
+    assert_encodes_as_transformers(write_tokenizer(tmp_path, layout))
+
+
+@pytest.mark.parametrize("layout", ["llama3", "llama2"])
+def test_truncation_and_padding_in_tokenizer_json_are_ignored_as_transformers_ignores_them(tmp_path, layout):
+    folder = write_tokenizer(tmp_path, layout)
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    raw["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    raw["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None,
+                      "pad_id": 2, "pad_type_id": 0, "pad_token": "</s>" if layout == "llama2" else "<|eot_id|>"}
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    long_text = "the quick brown fox jumps over the lazy dog " * 4
+    assert len(load_tokenizer(folder).encode(long_text)) > 8
+    assert len(load_tokenizer(folder).encode("hi")) < 8
+    assert_encodes_as_transformers(folder)
+
+
+def test_a_folder_without_tokenizer_json_is_refused_and_bytes_are_chosen_only_by_name(tmp_path):
+    (tmp_path / "vocab.json").write_text("{}")
+    (tmp_path / "merges.txt").write_text("")
+    with pytest.raises(ModelLoadError, match=r"has no tokenizer\.json \(it has merges\.txt, vocab\.json\); "
+                                             r"specgate reads only tokenizer\.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(ModelLoadError, match="has no tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": BYTE_TOKENIZER_CLASS}))
+    assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
+
+
+def test_the_fixture_target_names_the_byte_tokenizer(target_dir):
+    assert isinstance(load_tokenizer(target_dir), ByteTokenizer)
+
+
+def test_split_special_tokens_is_refused(tmp_path):
+    folder = write_tokenizer(tmp_path, "llama3")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "split_special_tokens": True}))
+    with pytest.raises(ModelLoadError, match="split_special_tokens=true .* is not supported: remove the key"):
+        HFTokenizer(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "split_special_tokens": False}))
+    assert_encodes_as_transformers(folder)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("extra_special_tokens", ["<|new|>"]),
+    ("added_tokens_decoder", {"401": {"content": "<|new|>", "special": True}}),
+    ("added_tokens_decoder", {"5": {"content": "<|begin_of_text|>", "special": True}}),  # tokenizer.json: id 0
+    ("pad_token", "<|pad|>"),
+])
+def test_a_token_tokenizer_config_names_that_tokenizer_json_lacks_is_refused(tmp_path, key, value):
+    """transformers would add it (a new id, and text containing it encodes differently)."""
+    folder = write_tokenizer(tmp_path, "llama3")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(ModelLoadError, match=r"names the token '<\|.*\|>'.* which tokenizer\.json does not hold "
+                                             r"as an added token"):
+        HFTokenizer(folder)
+
+
+def test_tokens_tokenizer_json_holds_may_be_named_again(tmp_path):
+    folder = write_tokenizer(tmp_path / "t", "llama3")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        **cfg, "extra_special_tokens": ["<|eot_id|>"],
+        "added_tokens_decoder": {"0": {"content": "<|begin_of_text|>", "special": True}}}))
+    assert_encodes_as_transformers(folder)
+    shutil.rmtree(folder)

@@ -135,7 +135,11 @@ def test_the_decode_command_writes_the_floor_and_every_arm(bench_tiny_dir, tmp_p
                               "--prompt-len", "8", "--max-tokens", "6", "--legs", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["arms"]) == {"graph/sync", "graph/async"} and set(report["floor"]) == {"1", "2"}
-    assert report["bandwidth_bytes_per_s"] > 0 and report["floor"]["2"]["ms"] > report["floor"]["1"]["ms"] > 0
+    # Two requests read more bytes than one (exact); the milliseconds are those bytes over a measured
+    # bandwidth, rounded to 4 places, so on a fast copy of a tiny model they may round alike.
+    floor = report["floor"]
+    assert report["bandwidth_bytes_per_s"] > 0 and floor["2"]["bytes"] > floor["1"]["bytes"]
+    assert floor["2"]["ms"] >= floor["1"]["ms"] > 0
     for per_c in report["arms"].values():
         assert all(per_c[c]["ms_per_step"] > 0 and len(per_c[c]["legs"]) == 1 for c in ("1", "2"))
     assert "graph/async c=2:" in capsys.readouterr().out

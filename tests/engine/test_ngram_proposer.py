@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.strategies import examples
+from helpers.strategies import examples
 
 from engine.proposers import NgramProposer, ProposeInput
 from engine.sampling import SamplingTensors

@@ -1,21 +1,101 @@
 """The veto: the one place that decides whether a run uses the async runner, and hands out
 that runner's policy (engine/policy.py: what the two runners do differently).
 
-Speculative decoding with the async runner is refused by default until `make gates` says it
-is safe; VT_ASYNC_RUNNER=1 or LLM(..., async_runner=True) lifts the veto for a run, and
-VT_ASYNC_RUNNER=0 forces the sync runner. Plain decoding runs async by default.
+Speculative decoding with the async runner is refused unless evidence says it is safe: the
+committed evidence file (engine/veto-evidence.json, written by `specgate gates verdict --record`
+after the gates ran on a GPU) lifts the veto when it says LIFT for this very engine (the sha256 of
+every engine/ source file it judged equals this engine's), for the device kind and the forward
+(reference or compiled) the run uses. Any edit to an engine file re-arms the veto until the gates
+run again: the evidence is then stale, and one log line says so and how to refresh it. The engine
+reads the file as data and imports nothing from the gates.
+
+VT_ASYNC_RUNNER=1 or LLM(..., async_runner=True) lifts the veto for a run whatever the evidence,
+VT_ASYNC_RUNNER=0 or async_runner=False forces the sync runner. Plain decoding runs async by default.
 """
+import hashlib
+import json
 import logging
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from engine.errors import SpecgateError
 from engine.policy import RunnerPolicy
 
 log = logging.getLogger("specgate")
 ENV_VAR = "VT_ASYNC_RUNNER"
+ENGINE_DIR = Path(__file__).resolve().parent
+EVIDENCE_FILE = ENGINE_DIR / "veto-evidence.json"
+LIFT, KEEP = "LIFT", "KEEP"
+REFRESH = ("run the gates on a GPU (scripts/gpu-check.sh env gates verdict), then "
+           "`specgate gates verdict --record REPORT.json ...`")
 
 
-def use_async_runner(spec: str | None, requested: bool | None) -> bool:
+def source_hash(root: Path, suffixes: tuple[str, ...] = (".py",)) -> str:
+    """sha256 over every file under `root` with one of `suffixes` (path and bytes, sorted by path),
+    caches left out: the identity of a source tree that evidence and reports record."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(root).rglob("*") if p.suffix in suffixes and "__pycache__" not in p.parts):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def engine_source_hash(root: Path | None = None) -> str:
+    return source_hash(root or ENGINE_DIR)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What `specgate gates verdict --record` wrote: the decision, and what it judged."""
+    decision: str                  # LIFT or KEEP
+    engine_sha256: str             # engine_source_hash() of the engine the gates ran
+    devices: tuple[str, ...]       # device kinds the gates ran on ("cuda")
+    forwards: tuple[str, ...]      # forwards the gates judged: "reference" (compile=False), "compiled"
+
+    @classmethod
+    def read(cls, path: Path) -> "Evidence":
+        """Raises ValueError, saying why, for a file that is not usable evidence."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read {path}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path} is not a JSON object")
+        try:
+            out = cls(raw["decision"], raw["engine_sha256"], tuple(raw["devices"]), tuple(raw["forwards"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path} lacks {e} (it must hold decision, engine_sha256, devices, forwards)") from None
+        if out.decision not in (LIFT, KEEP):
+            raise ValueError(f"{path}: decision must be {LIFT} or {KEEP}, got {out.decision!r}")
+        return out
+
+
+def evidence_refusal(device: str, compiled: bool, path: Path | None = None, root: Path | None = None) -> str | None:
+    """None when the evidence lifts the veto for a run on `device` with this forward; otherwise
+    why it does not, in one line."""
+    path = Path(path or EVIDENCE_FILE)
+    if not path.is_file():
+        return f"no veto evidence ({path.name} is missing): {REFRESH}"
+    try:
+        evidence = Evidence.read(path)
+    except ValueError as e:
+        return f"the veto evidence is unusable ({e}): {REFRESH}"
+    if evidence.decision != LIFT:
+        return f"the veto evidence says {evidence.decision} ({path.name})"
+    if evidence.engine_sha256 != engine_source_hash(root):
+        return (f"the veto evidence is stale: it judged engine {evidence.engine_sha256[:12]}, this engine's sources "
+                f"are {engine_source_hash(root)[:12]} (an engine file changed since): {REFRESH}")
+    kind = device.split(":")[0]
+    if kind not in evidence.devices:
+        return f"the veto evidence covers {', '.join(evidence.devices)} runs, not {kind}"
+    forward = "compiled" if compiled else "reference"
+    if forward not in evidence.forwards:
+        return f"the veto evidence judged the {' and '.join(evidence.forwards)} forward, not the {forward} one"
+    return None
+
+
+def use_async_runner(spec: str | None, requested: bool | None, device: str = "cpu", compiled: bool = False,
+                     evidence: Path | None = None) -> bool:
     env = os.environ.get(ENV_VAR)
     if env not in (None, "", "0", "1"):
         raise SpecgateError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
@@ -26,13 +106,17 @@ def use_async_runner(spec: str | None, requested: bool | None) -> bool:
     if requested is False:
         return False
     if spec is not None:
-        log.warning("async runner vetoed for speculative decoding (spec=%s): using the sync runner; "
-                    "pass --async-runner (specgate generate/bench), set %s=1 or async_runner=True to "
-                    "lift the veto once `specgate gates verdict` says LIFT",
-                    spec, ENV_VAR)
+        why = evidence_refusal(device, compiled, evidence)
+        if why is None:
+            log.info("async runner for speculative decoding (spec=%s): the veto is lifted by %s", spec,
+                     Path(evidence or EVIDENCE_FILE).name)
+            return True
+        log.warning("async runner vetoed for speculative decoding (spec=%s): %s; using the sync runner "
+                    "(--async-runner, %s=1 or async_runner=True lifts it for a run)", spec, why, ENV_VAR)
         return False
     return True
 
 
-def runner_policy(spec: str | None, requested: bool | None) -> RunnerPolicy:
-    return RunnerPolicy(is_async=use_async_runner(spec, requested))
+def runner_policy(spec: str | None, requested: bool | None, device: str = "cpu",
+                  compiled: bool = False) -> RunnerPolicy:
+    return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled))

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from engine.veto import EVIDENCE_FILE
 from gates import report
 from gates.argtypes import device, float_in, folder, int_at_least, output_file
 from gates.registry import GATES, by_name
@@ -58,6 +59,12 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     verdict.add_argument("reports", nargs="*", metavar="REPORT", default=["reports/gates.json"],
                          help="JSON reports of `gates run --json` (default: reports/gates.json)")
     verdict.add_argument("-v", "--verbose", action="store_true", help="also list every gate run read")
+    verdict.add_argument("--allow-mixed-trees", action="store_true",
+                         help="combine reports that judged different source trees (refused by default)")
+    verdict.add_argument("--record", nargs="?", type=output_file, const=str(EVIDENCE_FILE), default=None,
+                         metavar="FILE", help="write the decision and what it judged to the evidence file the "
+                         "engine reads (default engine/veto-evidence.json): the veto lifts by default only for "
+                         "that engine's sources, device kinds and forwards")
     verdict.set_defaults(func=cmd_verdict)
 
 
@@ -124,11 +131,18 @@ def cmd_verdict(args) -> int:
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2
-    v = verdict.decide(reports)
+    try:
+        v = verdict.decide(reports, allow_mixed=args.allow_mixed_trees, report_names=list(args.reports))
+        recorded = verdict.record(v, reports, list(args.reports), Path(args.record)) if args.record else None
+    except ValueError as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return 2
     for line in v.runs if args.verbose else ():
         print(f"  ran: {line}")
     for reason in v.reasons:
         print(f"  keep: {reason}")
+    if recorded:
+        print(f"wrote {recorded} ({v.decision} for engine {verdict.engine_source_hash()[:12]})")
     print(v.line)
     return 1 if any(g.status in ("red", "error") for r in reports for g in r.gates) else 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gates import report as verdicts
+from gates.provenance import judged
 from gates.registry import GATES, Gate, gate_of_file, has_cuda
 from gates.workloads import drafter_skips
 
@@ -304,14 +305,16 @@ def environment(config) -> dict:
     except OSError as e:
         checksums = {"error": str(e)}
     target, draft = model_dir(config, "target"), model_dir(config, "drafter")
+    device = option(config, "--device", "SPECGATE_DEVICE") or "cpu"
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": has_cuda(),
-            "device": option(config, "--device", "SPECGATE_DEVICE") or "cpu",
+            "device": device,
             "dtype": option(config, "--dtype", "SPECGATE_DTYPE") or "the model folder's",
             # The folders used, given or default; model_given says whether --model/$SPECGATE_MODEL named one.
             "model": str(target) if target else None, "drafter": str(draft) if draft else None,
             "model_given": model is not None, "drafter_given": drafter is not None, "model_sha256": checksums,
             "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+            **judged(device, target)}
 
 
 def _jsonable(value):

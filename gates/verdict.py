@@ -1,25 +1,41 @@
-"""The veto's verdict from gate reports: LIFT or KEEP, with its reasons.
+"""The veto's verdict from gate reports: LIFT or KEEP, with its reasons, and the evidence file the
+engine reads (engine/veto.py).
 
 `specgate gates verdict [REPORT.json ...]` (default reports/gates.json) reads the JSON reports of
-`specgate gates run`, one or several (say, a CPU run and a CUDA run), and says LIFT only when:
+`specgate gates run`, one or several (rounds, the fixtures and the 1B shape, a CPU and a CUDA run),
+and says LIFT only when:
+- every report judged the same source tree (the sha256 of engine/, gates/ and fixtures/ its
+  environment records); reports of different trees are refused, naming them, unless asked
+  (`--allow-mixed-trees`), since a verdict over two trees speaks for neither;
 - every gate in the registry ran and was green on CUDA (the report's environment says CUDA was
   available and the engine ran on a cuda device), with none of its tests skipped: the veto
   governs GPU runs, and busy, no-sync's sync debug mode and real graph replay exist only there;
 - no report has a red or errored gate, on any device;
-- speed-ab's graph arm on CUDA shows async ahead of sync beyond the floor on every A/B (both
-  drafters, c=1 and c=8, TPOT and throughput): a delta under the floor is not a gain.
+- in every CUDA report (every round, every model), speed-ab's graph arm shows async ahead of sync
+  beyond the floor on every A/B (both drafters, c=1 and c=8, TPOT and throughput): a delta under
+  the floor is not a gain; and busy's graph arm keeps the async level at its threshold.
 Otherwise it says KEEP and names each reason. On a machine without CUDA it is always KEEP.
+
+`--record` writes the decision, with what it judged, to engine/veto-evidence.json (or a path given):
+the engine lifts its veto by default only for the engine sources, device kinds and forwards that
+file names (engine/veto.py).
 """
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.veto import EVIDENCE_FILE, engine_source_hash
 from gates.measure import UNDER_THE_FLOOR
 from gates.registry import GATES
 from gates.report import GateReport, GateResult
 
 LIFT, KEEP = "LIFT", "KEEP"
-SPEED_GATE, DECIDING_ARM = "speed-ab", "graph"
+SPEED_GATE, BUSY_GATE, DECIDING_ARM = "speed-ab", "busy", "graph"
+
+
+class MixedTrees(ValueError):
+    """Reports of different source trees, combined without being asked to."""
 
 
 @dataclass
@@ -27,6 +43,7 @@ class Verdict:
     decision: str
     reasons: list[str] = field(default_factory=list)   # why KEEP (empty for LIFT)
     runs: list[str] = field(default_factory=list)      # which gate ran where, with what status
+    figures: dict = field(default_factory=dict)        # what decided it: speed-ab's graph A/Bs, busy's levels
 
     @property
     def line(self) -> str:
@@ -41,50 +58,106 @@ def ran_on_cuda(report: GateReport) -> bool:
     return bool(env.get("cuda")) and str(env.get("device") or "cpu").startswith("cuda")
 
 
-def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None) -> Verdict:
+def tree_of(report: GateReport) -> str:
+    """The source tree a report judged, as one short label (its sources' hashes), or why it has none."""
+    sources = report.environment.get("sources")
+    if not sources:
+        return "unrecorded (a report written before reports recorded their sources)"
+    return " ".join(f"{name} {digest[:12]}" for name, digest in sorted(sources.items()))
+
+
+def check_one_tree(reports: list[GateReport], names: list[str]) -> None:
+    """Raises MixedTrees, naming each tree and its reports, when the reports judged more than one."""
+    trees: dict[str, list[str]] = {}
+    for report, name in zip(reports, names):
+        trees.setdefault(tree_of(report), []).append(name)
+    if len(trees) > 1:
+        raise MixedTrees("the reports judged different source trees: " + "; ".join(
+            f"{tree} ({', '.join(files)})" for tree, files in trees.items())
+            + " (run the gates again on one tree, or pass --allow-mixed-trees)")
+
+
+def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None, allow_mixed: bool = False,
+           report_names: list[str] | None = None) -> Verdict:
     names = gate_names or tuple(g.name for g in GATES)
-    reasons, runs = [], []
-    green_on_cuda: dict[str, GateResult] = {}
     if not reports:
         return Verdict(KEEP, ["no gate report was given"])
+    if not allow_mixed:
+        check_one_tree(reports, report_names or [f"report {i + 1}" for i in range(len(reports))])
+    reasons, runs = [], []
     if not any(ran_on_cuda(r) for r in reports):
         reasons.append("no report ran on CUDA: the GPU gates (busy, no-sync's sync debug mode, speed-ab's "
                        "graph replay) did not run")
+    green_on_cuda: set[str] = set()
+    how: dict[str, list[str]] = {name: [] for name in names}
+    judged: dict[str, list[GateResult]] = {SPEED_GATE: [], BUSY_GATE: []}
     for report in reports:
         device = "cuda" if ran_on_cuda(report) else report.environment.get("device") or "cpu"
         for g in report.gates:
-            skipped_tests = [t for t in g.tests if t.outcome == "skipped"]
             runs.append(f"{g.name}: {g.status} on {device} ({g.reason})")
+            how.setdefault(g.name, []).append(_how(g, device))
             if g.status in ("red", "error"):
                 reasons.append(f"{g.name} is {g.status} on {device}: {g.reason}")
-            elif g.status == "green" and device == "cuda" and not skipped_tests:
-                green_on_cuda[g.name] = g
+            elif g.status == "green" and device == "cuda":
+                if not any(t.outcome == "skipped" for t in g.tests):
+                    green_on_cuda.add(g.name)
+                if g.name in judged:
+                    judged[g.name].append(g)
     for name in names:
         if name not in green_on_cuda:
-            seen = [r for r in runs if r.startswith(f"{name}: ")]
-            how = "; ".join(r.split(": ", 1)[1] for r in seen) if seen else "not run"
-            reasons.append(f"{name} not green on CUDA ({how})")
-    if SPEED_GATE in green_on_cuda:
-        reasons += speed_reasons(green_on_cuda[SPEED_GATE])
-    return Verdict(KEEP if reasons else LIFT, reasons, runs)
+            reasons.append(f"{name} is not green on CUDA: {'; '.join(how[name]) or 'not run in any report'}")
+    speed, speed_figures = speed_reasons(judged[SPEED_GATE])
+    busy, busy_figures = busy_reasons(judged[BUSY_GATE])
+    reasons += speed + busy
+    return Verdict(KEEP if reasons else LIFT, reasons, runs, {SPEED_GATE: speed_figures, BUSY_GATE: busy_figures})
 
 
-def speed_reasons(gate: GateResult) -> list[str]:
-    """KEEP reasons from speed-ab's CUDA figures: its graph arm must show async ahead everywhere."""
-    graph = [m for m in gate.measurements if m.get("graph_arm") == DECIDING_ARM]
-    if not graph:
-        return [f"{SPEED_GATE} recorded no {DECIDING_ARM}-arm figures"]
-    out = []
-    for m in graph:
-        for ab in m.get("ab", []):
-            where = f"{SPEED_GATE} {DECIDING_ARM} arm {m.get('drafter')} c={ab['concurrency']} {ab['metric']}"
-            if ab["result"] == UNDER_THE_FLOOR:
-                out.append(f"{where} under the floor ({ab['noise_floor']:.1%})")
-            else:
-                higher_is_better = ab["metric"] != "tpot_ms"
-                if not (ab["ratio"] > 1 if higher_is_better else ab["ratio"] < 1):
-                    out.append(f"{where}: async not ahead of sync ({ab['result']})")
-    return out
+def _how(g: GateResult, device: str) -> str:
+    """One gate's run, in the words a reviewer reads once."""
+    skipped = [t for t in g.tests if t.outcome == "skipped"]
+    if g.status == "skipped":
+        return f"skipped on {device} ({g.reason})"
+    if g.status == "green" and skipped:
+        why = (skipped[0].message or "no reason given").strip().splitlines()[0]
+        return f"green on {device}, but {len(skipped)} of {len(g.tests)} tests skipped ({why})"
+    if g.status == "green":
+        return f"green on {device}, not on CUDA" if device != "cuda" else f"green on {device}"
+    return f"{g.status} on {device}"
+
+
+def speed_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
+    """KEEP reasons from every CUDA speed-ab result: its graph arm must show async ahead everywhere."""
+    out, figures = [], []
+    for i, gate in enumerate(gates, 1):
+        graph = [m for m in gate.measurements if m.get("graph_arm") == DECIDING_ARM]
+        where_run = f" (report {i} of {len(gates)})" if len(gates) > 1 else ""
+        if not graph:
+            out.append(f"{SPEED_GATE} recorded no {DECIDING_ARM}-arm figures{where_run}")
+        for m in graph:
+            for ab in m.get("ab", []):
+                where = f"{SPEED_GATE} {DECIDING_ARM} arm {m.get('drafter')} c={ab['concurrency']} {ab['metric']}"
+                figures.append({"drafter": m.get("drafter"), "concurrency": ab["concurrency"], "metric": ab["metric"],
+                                "result": ab["result"], "ratio": ab.get("ratio"), "noise_floor": ab["noise_floor"]})
+                if ab["result"] == UNDER_THE_FLOOR:
+                    out.append(f"{where} under the floor ({ab['noise_floor']:.1%}){where_run}")
+                else:
+                    higher_is_better = ab["metric"] != "tpot_ms"
+                    if not (ab["ratio"] > 1 if higher_is_better else ab["ratio"] < 1):
+                        out.append(f"{where}: async not ahead of sync ({ab['result']}){where_run}")
+    return out, figures
+
+
+def busy_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
+    """KEEP reasons from every CUDA busy result: the async graph arm's level at its threshold."""
+    out, figures = [], []
+    for gate in gates:
+        for m in gate.measurements:
+            figures.append({k: m.get(k) for k in ("arm", "async_level", "sync_level", "kernel_busy_async",
+                                                   "kernel_busy_sync", "threshold")})
+            if m.get("threshold") is not None and m.get("async_level", 0) < m["threshold"]:
+                out.append(f"{BUSY_GATE} {m.get('arm')} arm: async level {m.get('async_level')} "
+                           f"under its threshold {m['threshold']}")
+    return out, figures
 
 
 def load(paths: list[str]) -> list[GateReport]:
@@ -95,3 +168,36 @@ def load(paths: list[str]) -> list[GateReport]:
         except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
             raise ValueError(f"cannot read gate report {path}: {e}") from None
     return reports
+
+
+def evidence(v: Verdict, reports: list[GateReport], names: list[str]) -> dict:
+    """The evidence file's content: the decision, what it judged, and the figures that decided it.
+    Refuses (ValueError) reports whose engine is not this tree's: the evidence must name the
+    engine that ran."""
+    engines = {r.environment.get("sources", {}).get("engine") for r in reports}
+    if len(engines) != 1 or None in engines:
+        raise ValueError("--record needs reports that all judged one engine and recorded it "
+                         f"(engine hashes seen: {sorted(str(e)[:12] for e in engines)})")
+    (engine,) = engines
+    if engine != engine_source_hash():
+        raise ValueError(f"--record: the reports judged engine {engine[:12]}, this tree's engine is "
+                         f"{engine_source_hash()[:12]}: record on the tree the gates ran on")
+    cuda = [r for r in reports if ran_on_cuda(r)]
+    env = cuda[0].environment if cuda else reports[0].environment
+    return {"decision": v.decision, "engine_sha256": engine,
+            "devices": sorted({"cuda"} if cuda else set()),
+            "forwards": sorted({f for r in cuda for f in r.environment.get("forwards", [])}),
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": env.get("commit"), "device_name": env.get("device_name"), "torch": env.get("torch"),
+            "sources": env.get("sources"),
+            "reports": [{"report": name, "device": r.environment.get("device"), "model": r.environment.get("model"),
+                         "model_shape": r.environment.get("model_shape"),
+                         "gates": {g.name: g.status for g in r.gates}} for r, name in zip(reports, names)],
+            "reasons": v.reasons, "figures": v.figures,
+            "how_to_refresh": "scripts/gpu-check.sh env gates verdict on a GPU; `specgate gates verdict --record` "
+                              "over its reports (docs/gates.md)"}
+
+
+def record(v: Verdict, reports: list[GateReport], names: list[str], path: Path = EVIDENCE_FILE) -> Path:
+    Path(path).write_text(json.dumps(evidence(v, reports, names), indent=2) + "\n")
+    return Path(path)

@@ -22,6 +22,16 @@ def test_a_gate_run_prints_a_line_per_gate_its_table_once_and_records_the_model(
     assert f"wrote {json_path}" in out
     env = json.loads(json_path.read_text())["environment"]
     assert env["model"] == str(TARGET_DIR) and env["model_given"] is False
+    # What it judged, for the veto's verdict: this tree's sources, the device, the model's shape.
+    from engine.veto import engine_source_hash
+    from gates.provenance import sources
+    assert env["sources"] == sources() and env["sources"]["engine"] == engine_source_hash()
+    assert env["forwards"] == ["reference"] and env["device_name"]
+    assert env["model_shape"] == {k: v for k, v in json.loads((TARGET_DIR / "config.json").read_text()).items()
+                                  if k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                           "num_key_value_heads", "intermediate_size", "vocab_size",
+                                           "max_position_embeddings")}
+    assert env["commit"] is None or len(env["commit"].split("+")[0]) == 40
 
 
 def test_gates_run_says_where_it_wrote_and_defaults_under_reports(monkeypatch, tmp_path, capsys):

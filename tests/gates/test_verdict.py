@@ -40,9 +40,13 @@ def gate(name: str, status: str = "green", skipped_tests: int = 0, measurements=
             else (speed_figures() if name == "speed-ab" else [])}
 
 
-def report(device: str = "cuda", cuda: bool = True, **overrides) -> dict:
+TREE = {"engine": "e" * 64, "gates": "g" * 64, "fixtures": "f" * 64}
+
+
+def report(device: str = "cuda", cuda: bool = True, sources=TREE, **overrides) -> dict:
     gates = [overrides.get(n.replace("-", "_")) or gate(n) for n in NAMES]
-    return {"environment": {"cuda": cuda, "device": device}, "gates": gates}
+    return {"environment": {"cuda": cuda, "device": device, "sources": sources, "forwards": ["reference"]},
+            "gates": gates}
 
 
 def cpu_report() -> dict:
@@ -51,12 +55,12 @@ def cpu_report() -> dict:
     for g in gates:
         if g["name"] == "speed-ab":
             g["measurements"] = [{**m, "device": "cpu"} for m in g["measurements"]]
-    return {"environment": {"cuda": False, "device": "cpu"}, "gates": gates}
+    return {"environment": {"cuda": False, "device": "cpu", "sources": TREE}, "gates": gates}
 
 
-def decide(reports: list[dict]) -> verdict.Verdict:
+def decide(reports: list[dict], **kwargs) -> verdict.Verdict:
     """The verdict of reports written as their JSON."""
-    return verdict.decide([GateReport.from_json(r) for r in reports])
+    return verdict.decide([GateReport.from_json(r) for r in reports], **kwargs)
 
 
 def test_every_gate_green_on_cuda_with_the_graph_arm_ahead_is_lift():
@@ -70,8 +74,9 @@ def test_cpu_only_is_keep_and_names_the_gpu_gates_that_did_not_run():
     assert v.decision == verdict.KEEP
     assert any("no report ran on CUDA" in r for r in v.reasons)
     for name in ("busy", "no-sync", "speed-ab", "lossless"):
-        assert any(r.startswith(f"{name} not green on CUDA") for r in v.reasons), name
-    assert any("busy not green on CUDA (skipped on cpu" in r for r in v.reasons)
+        assert any(r.startswith(f"{name} is not green on CUDA") for r in v.reasons), name
+    assert any(r.startswith("busy is not green on CUDA: skipped on cpu (needs CUDA") for r in v.reasons)
+    assert "lossless is not green on CUDA: green on cpu, not on CUDA" in v.reasons
 
 
 def test_a_cpu_report_marked_cuda_device_without_cuda_is_not_a_cuda_run():
@@ -91,8 +96,12 @@ def test_a_red_cpu_report_beside_a_green_cuda_one_is_keep():
 
 
 def test_a_gate_with_skipped_tests_on_cuda_is_keep():
-    v = decide([report(no_sync=gate("no-sync", skipped_tests=1))])
-    assert v.decision == verdict.KEEP and any(r.startswith("no-sync not green on CUDA") for r in v.reasons)
+    no_sync = gate("no-sync", skipped_tests=1)
+    no_sync["tests"][-1]["message"] = "the sync debug mode needs CUDA"
+    v = decide([report(no_sync=no_sync)])
+    assert v.decision == verdict.KEEP
+    assert v.reasons == ["no-sync is not green on CUDA: green on cuda, but 1 of 3 tests skipped "
+                         "(the sync debug mode needs CUDA)"]
 
 
 def test_speed_under_the_floor_in_the_graph_arm_is_keep():
@@ -120,7 +129,7 @@ def test_a_gate_missing_from_every_report_is_keep():
     r = report()
     r["gates"] = [g for g in r["gates"] if g["name"] != "combine"]
     v = decide([r])
-    assert v.reasons == ["combine not green on CUDA (not run)"]
+    assert v.reasons == ["combine is not green on CUDA: not run in any report"]
 
 
 def test_no_report_is_keep():
@@ -140,3 +149,66 @@ def test_the_verdict_command_prints_the_decision_last(tmp_path, capsys, which, s
 def test_an_unreadable_report_is_a_usage_error(tmp_path, capsys):
     assert main(["gates", "verdict", str(tmp_path / "missing.json")]) == 2
     assert "cannot read gate report" in capsys.readouterr().err
+
+
+def test_every_round_and_model_counts_not_the_last_report_read():
+    """speed-ab under the floor in one round of three is KEEP, whichever round it is."""
+    behind = speed_figures()
+    behind[1]["ab"][0] = ab("tpot_ms", 1, None, floor=0.073)
+    for where in range(3):
+        rounds = [report() for _ in range(3)]
+        rounds[where]["gates"] = [gate("speed-ab", measurements=behind) if g["name"] == "speed-ab" else g
+                                  for g in rounds[where]["gates"]]
+        v = decide(rounds)
+        assert v.decision == verdict.KEEP, where
+        assert v.reasons == [f"speed-ab graph arm ngram c=1 tpot_ms under the floor (7.3%) (report {where + 1} of 3)"]
+
+
+def test_busy_under_its_threshold_in_any_report_is_keep():
+    level = {"arm": "graph", "async_level": 0.876, "sync_level": 0.682, "threshold": 0.95}
+    v = decide([report(), report(busy=gate("busy", measurements=[level]))])
+    assert v.decision == verdict.KEEP
+    assert v.reasons == ["busy graph arm: async level 0.876 under its threshold 0.95"]
+    assert v.figures["busy"][0]["async_level"] == 0.876
+
+
+def test_reports_of_different_trees_are_refused_unless_asked(tmp_path, capsys):
+    other = {**TREE, "engine": "0" * 64}
+    with pytest.raises(verdict.MixedTrees, match="different source trees"):
+        decide([report(), report(sources=other)])
+    assert decide([report(), report(sources=other)], allow_mixed=True).decision == verdict.LIFT
+    paths = []
+    for i, r in enumerate([report(), report(sources=other)]):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert main(["gates", "verdict", *map(str, paths)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"engine {'e' * 12}" in err and f"engine {'0' * 12}" in err
+    assert str(paths[0]) in err and str(paths[1]) in err and "--allow-mixed-trees" in err
+    assert main(["gates", "verdict", "--allow-mixed-trees", *map(str, paths)]) == 0
+
+
+def test_a_report_that_recorded_no_sources_is_not_combined_with_one_that_did():
+    bare = report()
+    del bare["environment"]["sources"]
+    with pytest.raises(verdict.MixedTrees, match="unrecorded"):
+        decide([report(), bare])
+
+
+def test_record_writes_evidence_the_engine_reads_for_this_engine_only(tmp_path, capsys, monkeypatch):
+    from engine import veto
+    monkeypatch.delenv(veto.ENV_VAR, raising=False)
+    this = {**TREE, "engine": veto.engine_source_hash()}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report(sources=this)))
+    evidence = tmp_path / "veto-evidence.json"
+    assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 0
+    assert f"wrote {evidence} (LIFT for engine {this['engine'][:12]})" in capsys.readouterr().out
+    written = json.loads(evidence.read_text())
+    assert (written["decision"], written["devices"], written["forwards"]) == ("LIFT", ["cuda"], ["reference"])
+    assert written["figures"]["speed-ab"] and written["reports"][0]["gates"]["busy"] == "green"
+    assert veto.evidence_refusal("cuda", False, evidence) is None
+    assert veto.use_async_runner("ngram", None, "cuda", evidence=evidence)
+    path.write_text(json.dumps(report()))  # another engine's report
+    assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 2
+    assert "this tree's engine is" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""The veto lifted by committed evidence and re-armed by any engine edit (engine/veto.py): evidence
+that says LIFT for this engine's very sources lifts it for the device kinds and forwards it judged;
+an edit to any engine file, KEEP, a missing or malformed file, another device or forward keep it,
+each with one line that says why; the runner flags and VT_ASYNC_RUNNER override either way."""
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine import veto
+
+ENGINE = Path(veto.__file__).resolve().parent
+
+
+def write_evidence(path: Path, root: Path | None = None, **overrides) -> Path:
+    data = {"decision": "LIFT", "engine_sha256": veto.engine_source_hash(root), "devices": ["cuda"],
+            "forwards": ["reference"]} | overrides
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def engine_copy(tmp_path, monkeypatch):
+    """A copy of engine/ the veto hashes, and its evidence file, in place of the real ones."""
+    root = tmp_path / "engine"
+    shutil.copytree(ENGINE, root, ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    monkeypatch.setattr(veto, "ENGINE_DIR", root)
+    monkeypatch.setattr(veto, "EVIDENCE_FILE", root / "veto-evidence.json")
+    monkeypatch.delenv(veto.ENV_VAR, raising=False)
+    return root
+
+
+def test_fresh_lift_evidence_lifts_the_veto_for_spec_decoding_on_cuda(engine_copy, caplog):
+    write_evidence(veto.EVIDENCE_FILE, engine_copy)
+    with caplog.at_level(logging.INFO, logger="specgate"):
+        assert veto.runner_policy("ngram", None, device="cuda:0").is_async
+    assert "the veto is lifted by veto-evidence.json" in caplog.text
+
+
+@pytest.mark.parametrize("name", sorted(p.relative_to(ENGINE).as_posix() for p in ENGINE.rglob("*.py")
+                                        if "__pycache__" not in p.parts))
+def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_copy, name, caplog):
+    write_evidence(veto.EVIDENCE_FILE, engine_copy)
+    with (engine_copy / name).open("a") as f:
+        f.write("\n# an edit\n")
+    with caplog.at_level(logging.WARNING, logger="specgate"):
+        assert not veto.runner_policy("block", None, device="cuda").is_async
+    assert "the veto evidence is stale" in caplog.text and "specgate gates verdict --record" in caplog.text
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "no veto evidence (veto-evidence.json is missing)"),
+    ("{not json", "the veto evidence is unusable (cannot read"),
+    ("[1, 2]", "is not a JSON object"),
+    ('{"decision": "LIFT"}', "lacks 'engine_sha256'"),
+    ('{"decision": "MAYBE", "engine_sha256": "x", "devices": [], "forwards": []}', "decision must be LIFT or KEEP"),
+], ids=["missing", "not-json", "not-an-object", "a-field-missing", "bad-decision"])
+def test_a_missing_or_malformed_file_keeps_the_veto_and_says_why(engine_copy, content, why, caplog):
+    if content is not None:
+        veto.EVIDENCE_FILE.write_text(content)
+    with caplog.at_level(logging.WARNING, logger="specgate"):
+        assert not veto.runner_policy("ngram", None, device="cuda").is_async
+    assert why in caplog.text and "using the sync runner" in caplog.text
+
+
+@pytest.mark.parametrize("overrides, device, compiled, why", [
+    ({"decision": "KEEP"}, "cuda", False, "the veto evidence says KEEP"),
+    ({}, "cpu", False, "covers cuda runs, not cpu"),
+    ({}, "cuda", True, "judged the reference forward, not the compiled one"),
+    ({"devices": []}, "cuda", False, "covers  runs, not cuda"),
+])
+def test_evidence_keeps_the_veto_outside_what_it_judged(engine_copy, overrides, device, compiled, why):
+    write_evidence(veto.EVIDENCE_FILE, engine_copy, **overrides)
+    assert why in veto.evidence_refusal(device, compiled)
+    assert not veto.use_async_runner("ngram", None, device, compiled)
+
+
+def test_the_flags_and_the_environment_override_the_evidence_either_way(engine_copy, monkeypatch):
+    write_evidence(veto.EVIDENCE_FILE, engine_copy)
+    assert not veto.use_async_runner("ngram", False, "cuda")            # async_runner=False
+    monkeypatch.setenv(veto.ENV_VAR, "0")
+    assert not veto.use_async_runner("ngram", None, "cuda")             # VT_ASYNC_RUNNER=0 beats LIFT
+    veto.EVIDENCE_FILE.unlink()
+    monkeypatch.setenv(veto.ENV_VAR, "1")
+    assert veto.use_async_runner("ngram", None, "cuda")                 # VT_ASYNC_RUNNER=1 without evidence
+    monkeypatch.delenv(veto.ENV_VAR)
+    assert veto.use_async_runner("ngram", True, "cpu")                  # async_runner=True without evidence
+    assert veto.use_async_runner(None, None, "cpu")                     # plain decoding: async by default
+
+
+def test_the_hash_covers_every_python_file_and_nothing_else(engine_copy):
+    before = veto.engine_source_hash()
+    (engine_copy / "notes.txt").write_text("not source")
+    (engine_copy / "__pycache__").mkdir(exist_ok=True)
+    (engine_copy / "__pycache__" / "x.py").write_text("cache")
+    assert veto.engine_source_hash() == before
+    (engine_copy / "bench" / "new.py").write_text("")
+    assert veto.engine_source_hash() != before

@@ -27,9 +27,9 @@ from mutants.mutation.ratchet import (
 )
 from mutants.mutation.record import MutantRecord
 from mutants.mutation.report import score_line, summarise, write_reports
-from mutants.mutation.results import cached_verdicts, load_equivalents, read_results
+from mutants.mutation.results import cached_verdicts, load_equivalents, matches, read_results
 from mutants.mutation.run import CUDA_RUN_ENV, changed_functions, git, run_mutmut
-from mutants.mutation.shard import list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
+from mutants.mutation.shard import bounded, list_mutants, listing_digest, mutated_lines, parse_shard, plan_run
 from mutants.mutation.stage import (
     CUDA_STAGING,
     CUDA_SUITE,
@@ -47,7 +47,7 @@ from mutants.mutation.stage import (
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
            only: tuple[str, ...] = (), shard: tuple[int, int] | None = None, cuda: bool = False,
-           time_limit: float | None = None) -> int:
+           time_limit: float | None = None, budget: int | None = None) -> int:
     t0 = time.perf_counter()
     equivalents = load_equivalents()
     patterns = list(only) or (changed_functions(since) if since else [])
@@ -63,7 +63,14 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     reset = stage(staging, suite)
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
-    if since:
+    sampled = None
+    if since and budget is not None:
+        # A bounded --since run: every mutant of the changed functions is listed, and when there are
+        # more than the budget, that many are drawn uniformly with a fixed seed (the score says so).
+        hashes = list_mutants(staging)
+        in_run, sampled = bounded([n for n in hashes if matches(n, patterns)], budget)
+        not_rerun, cached_now, to_test, functions = set(), set(), in_run, set()
+    elif since:
         # Every function in a --since run changed, so its mutmut hash did and no reviewed mutant
         # of it can be skipped: the run names the patterns and needs no listing of every mutant.
         hashes, in_run, not_rerun, cached_now, to_test, functions = None, None, set(), set(), patterns, set()
@@ -75,7 +82,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
                   f"and the mutants its old stats left with no tests are tested again")
         in_run, not_rerun, cached_now, to_test = plan_run(hashes, equivalents, staging, patterns, shard, cuda)
     complete = not (patterns or shard or cuda)
-    if hashes is not None:
+    if sampled:
+        counts = f"sampled {sampled}, {len(to_test)} to test"
+    elif hashes is not None:
         counts = (f"{len(in_run)} of {len(hashes)} mutants, {len(to_test)} to test, {len(not_rerun)} reviewed "
                   f"and not re-run (function unchanged), {len(cached_now)} from the cache")
     else:
@@ -111,16 +120,16 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
                                 *(["--cuda-only"] if cuda else [])]),
            "commit": commit, "complete": complete, "wall_s": time.perf_counter() - t0,
            "max_children": max_children, "mode": "cuda-only" if cuda else "shard" if shard else "run",
-           "time_limit_s": time_limit, "stopped_at_time_limit": stopped,
+           "time_limit_s": time_limit, "stopped_at_time_limit": stopped, "sampled": sampled,
            "shard": f"{shard[0]}/{shard[1]}" if shard else None,
-           "mutants_in_scope": len(hashes) if hashes is not None else None,
-           "listing_digest": listing_digest(hashes) if hashes is not None else None,
+           "mutants_in_scope": len(hashes) if hashes is not None and not since else None,
+           "listing_digest": listing_digest(hashes) if hashes is not None and not since else None,
            "suite_digest": suite_fingerprint(suite)[:16],
            # a cached verdict counts only while it stands (a stop can find it reset)
            "from_cache": sum(1 for r in records if r.name not in tested and r.name not in not_rerun
                              and r.name in cached and r.status != "not checked")}
     # A listed run checks every reviewed entry against the listing, not only those it tested.
-    lines = mutated_lines(staging) if hashes is not None else None
+    lines = mutated_lines(staging) if hashes is not None and not since else None
     summary, problems = _report(records, equivalents, run, report_dir, lines, rescoping=raise_baseline)
     if raise_baseline:
         if not run["complete"] or problems:
@@ -131,7 +140,7 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
                   f"measured", file=sys.stderr)
             return 1
         print(update_baseline(summary, commit))
-    print(score_line(summary))
+    print(score_line(summary) + (f"; sampled {sampled}" if sampled else ""))
     return 1 if problems else 0
 
 
@@ -200,6 +209,10 @@ def add_mutate_parser(sub) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="test only shard I of N (every N-th mutant, each function spread evenly over the shards); "
                    "combine the shards' report folders with `specgate mutate merge DIR ...`")
+    p.add_argument("--budget", type=int_at_least(1), default=None, metavar="N",
+                   help="with --since: test at most N mutants of the changed functions, drawn uniformly with a fixed "
+                   "seed when there are more (the score line says so), so a commit that changes many functions "
+                   "keeps the run bounded")
     p.add_argument("--cuda-only", action="store_true",
                    help="test only the mutants equivalent-mutants.toml lists as CUDA-only, with the gates on cuda "
                    "(the GPU machine); merge its report with a CPU run's to replace their verdicts")
@@ -235,6 +248,9 @@ def cmd_mutate(args) -> int:
     if (args.since or args.only) and args.update_baseline:
         print("specgate: error: --update-baseline needs a full run, not --since or --only", file=sys.stderr)
         return 2
+    if args.budget is not None and not args.since:
+        print("specgate: error: --budget bounds a --since run; give it with --since REV", file=sys.stderr)
+        return 2
     if args.since and args.only:
         print("specgate: error: give --since or --only, not both", file=sys.stderr)
         return 2
@@ -246,7 +262,7 @@ def cmd_mutate(args) -> int:
         if args.shard:
             shard = parse_shard(args.shard)
         return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only),
-                      shard=shard, cuda=args.cuda_only, time_limit=args.time_limit)
+                      shard=shard, cuda=args.cuda_only, time_limit=args.time_limit, budget=args.budget)
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from mutants.mutation import viewer
+from mutants.mutation import job_summary, viewer
 from mutants.mutation.diff import mutator_name, place
 from mutants.mutation.record import RUN_FAILURES, STATUSES, MutantRecord
 
@@ -144,6 +144,7 @@ _HTML = """<!doctype html>
 <!-- Self-contained: the viewer ({package}) is inlined below and the report embedded; no network. -->
 <style>#specgate-summary {{ font: 14px system-ui, sans-serif; margin: 8px 16px; }}</style></head>
 <body><p id="specgate-summary">{summary}</p>
+{job_summary}
 <mutation-test-report-app title-postfix="specgate"></mutation-test-report-app>
 <script>{viewer}</script>
 <script>
@@ -153,9 +154,10 @@ document.querySelector("mutation-test-report-app").report = {report};
 """
 
 
-def html(report: dict, summary: dict) -> str:
-    """The viewer page: the pinned viewer inlined (mutants/mutation/viewer.py), the report embedded. Without
-    npm the page still opens, with the counts and a line saying why the viewer is missing."""
+def html(report: dict, summary: dict, job_summary_html: str = "") -> str:
+    """The viewer page: the pinned viewer inlined (mutants/mutation/viewer.py), the report embedded, the
+    job summary's block above it. Without npm the page still opens, with the counts, the summary and a
+    line saying why the viewer is missing."""
     import html as escape
     line = (f"{summary['total']} mutants: " + ", ".join(f"{summary[s.replace(' ', '_')]} {s}" for s in STATUSES
                                                         if summary[s.replace(' ', '_')]) + f". {score_line(summary)}")
@@ -165,12 +167,13 @@ def html(report: dict, summary: dict) -> str:
         script, line = "", line + f" (The viewer could not be vendored: {e}; mutation-report.json holds every mutant.)"
     embedded = json.dumps(report).replace("<", "\\u003c")  # no source text can close the <script> early
     return _HTML.format(package=f"{viewer.PACKAGE}@{viewer.VERSION}", summary=escape.escape(line),
-                        viewer=script, report=embedded)
+                        job_summary=job_summary_html, viewer=script, report=embedded)
 
 
 def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sources: dict[str, str],
                   extra: dict, *, thresholds: tuple[int, int] = (80, 60)) -> dict[str, Path]:
-    """Write summary.json, mutation-report.json, survivors.md and mutation-report.html; their paths by kind."""
+    """Write summary.json, mutation-report.json, survivors.md, job-summary.md and mutation-report.html;
+    their paths by kind."""
     records = _checked(records)
     summary = summarise(records)
     if clash := sorted(set(extra) & set(summary)):
@@ -179,12 +182,14 @@ def write_reports(report_dir: Path | str, records: Iterable[MutantRecord], sourc
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"summary": out / "summary.json", "stryker": out / "mutation-report.json",
-             "markdown": out / "survivors.md", "html": out / "mutation-report.html", "records": out / "records.json"}
+             "markdown": out / "survivors.md", "html": out / "mutation-report.html", "records": out / "records.json",
+             "job_summary": out / "job-summary.md"}
     # every record as read, for `specgate mutate merge`
     paths["records"].write_text(json.dumps([asdict(r) for r in records], ensure_ascii=False) + "\n",
                                 encoding="utf-8")
     paths["summary"].write_text(json.dumps({**summary, **extra}, indent=2) + "\n", encoding="utf-8")
     paths["stryker"].write_text(json.dumps(report, ensure_ascii=False) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(records, summary), encoding="utf-8")
-    paths["html"].write_text(html(report, summary), encoding="utf-8")
+    paths["job_summary"].write_text(job_summary.markdown(records, summary, extra), encoding="utf-8")
+    paths["html"].write_text(html(report, summary, job_summary.html(records, summary, extra)), encoding="utf-8")
     return paths

@@ -13,6 +13,7 @@ function is unchanged, a deterministic shard of the rest, and shard reports merg
   whatever a function's tests cost.
 """
 import hashlib
+import random
 import json
 import os
 import subprocess
@@ -153,6 +154,19 @@ def plan_run(hashes: dict[str, str], equivalents: dict[str, Equivalent], staging
     not_rerun = set() if cuda else reviewed_unchanged(equivalents, hashes) & set(in_run)
     cached_now = set() if patterns else valid_cached(hashes, staging) & set(in_run)
     return in_run, not_rerun, cached_now, [n for n in in_run if n not in not_rerun and n not in cached_now]
+
+
+SAMPLE_SEED = 0  # a bounded run's draw: the same mutants on every run of the same change
+
+
+def bounded(names: list[str], budget: int, seed: int = SAMPLE_SEED) -> tuple[list[str], str | None]:
+    """At most `budget` of `names`, drawn uniformly with a fixed seed when there are more: (the
+    mutants to run, sorted; a note for the score line when some were left out, else None)."""
+    names = sorted(names)
+    if len(names) <= budget:
+        return names, None
+    return (sorted(random.Random(seed).sample(names, budget)),
+            f"{budget} of {len(names)} mutants of the changed functions (seed {seed})")
 
 
 def listing_digest(names) -> str:

@@ -9,11 +9,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from helpers.strategies import examples
 
 from engine.proposers import NgramProposer, ProposeInput
 from engine.sampling import SamplingTensors
 from engine.tokenizer import PAD_ID
+from helpers.strategies import examples
 
 
 def propose(rows: list[list[int]], committed: list[int], k: int, **sizes):

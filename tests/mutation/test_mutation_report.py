@@ -279,7 +279,7 @@ def test_markdown_lists_every_survivor_and_run_failure_with_its_diff(records):
 def test_write_reports_writes_every_file(records, tmp_path):
     extra = {"wall_seconds": 12.5, "mutants_per_minute": 43.2, "command": "specgate mutate", "commit": "d646cb4"}
     paths = write_reports(tmp_path / "report", records, SOURCES, extra)
-    assert set(paths) == {"summary", "stryker", "markdown", "html", "records"} \
+    assert set(paths) == {"summary", "stryker", "markdown", "html", "records", "job_summary"} \
         and all(p.is_file() for p in paths.values())
     assert json.loads(paths["summary"].read_text()) == {**summarise(records), **extra}
     report = json.loads(paths["stryker"].read_text(encoding="utf-8"))

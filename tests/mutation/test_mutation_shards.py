@@ -4,6 +4,7 @@ re-run, the CUDA run's report merges over a CPU run's, a run stopped at its time
 and the CI workflow's matrix agrees with the command line. Over 300 lines because those are one
 path (list, shard, run, merge) and its tests share one real mutmut package."""
 import json
+import re
 import os
 import shutil
 from dataclasses import replace
@@ -54,6 +55,22 @@ def test_shards_cover_every_mutant_exactly_once_and_spread_each_function():
     for bad in ("0/4", "5/4", "x", "1/0"):
         with pytest.raises(ValueError):
             mutation_shard.parse_shard(bad)
+
+
+def test_a_bounded_run_draws_its_budget_uniformly_with_a_fixed_seed_and_says_so():
+    names = [f"engine.m.x_f{j}__mutmut_{i}" for j in range(4) for i in range(1, 51)]
+    assert mutation_shard.bounded(names[:30], 30) == (sorted(names[:30]), None)  # within the budget: all of them
+    chosen, note = mutation_shard.bounded(list(reversed(names)), 40)
+    assert len(chosen) == len(set(chosen)) == 40 and set(chosen) <= set(names) and chosen == sorted(chosen)
+    assert (chosen, note) == mutation_shard.bounded(names, 40)  # the same draw whatever the order given
+    assert note == "40 of 200 mutants of the changed functions (seed 0)"
+    assert mutation_shard.bounded(names, 40, seed=1)[0] != chosen
+    # uniform: over many seeds every function gets about its share (50 of 200 each, so 10 of 40)
+    per_function = [0] * 4
+    for seed in range(200):
+        for n in mutation_shard.bounded(names, 40, seed)[0]:
+            per_function[int(n.split("x_f")[1][0])] += 1
+    assert all(abs(c / 200 - 10) < 1.5 for c in per_function), per_function
 
 
 def test_reviewed_mutants_are_not_re_run_only_while_their_function_is_unchanged():
@@ -224,9 +241,26 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     run_steps = [s["run"] for s in jobs["shard"]["steps"] if "run" in s]
     shard_cmd = next(r for r in run_steps if "mutate" in r and "--shard" in r)
     assert f"--shard ${{{{ matrix.shard }}}}/{count}" in shard_cmd
-    cache = next(s["with"] for s in jobs["shard"]["steps"] if s.get("uses", "").startswith("actions/cache@"))
-    assert cache["path"] == "build/mutmut" and "matrix.shard" in cache["key"] and f"of-{count}" in cache["key"], \
-        "each shard restores its own mutmut cache"
+    steps = jobs["shard"]["steps"]
+    restore = next(s for s in steps if s.get("uses", "").startswith("actions/cache/restore@"))
+    save = next(s for s in steps if s.get("uses", "").startswith("actions/cache/save@"))
+    for cache in (restore["with"], save["with"]):
+        assert cache["path"] == "build/mutmut" and "matrix.shard" in cache["key"] and f"of-{count}" in cache["key"], \
+            "each shard restores and saves its own mutmut cache"
+    assert restore["with"]["restore-keys"] == f"mutmut-shard-${{{{ matrix.shard }}}}-of-{count}-"
+    assert save["with"]["key"].startswith(restore["with"]["restore-keys"]) and "run_attempt" in save["with"]["key"]
+    # A cache survives a shard that fails or is stopped: it is saved whatever the job's outcome, and
+    # mutmut stops at its own time limit before the step's timeout, which comes before the job's.
+    assert save["if"] == "always()" and steps.index(save) > steps.index(next(s for s in steps if "run" in s
+                                                                           and "--shard" in s["run"]))
+    mutation_step = next(s for s in steps if "run" in s and "--shard" in s["run"])
+    limit = float(mutation_step["run"].split("--time-limit ")[1].split()[0])
+    assert limit < 60 * mutation_step["timeout-minutes"] < 60 * jobs["shard"]["timeout-minutes"]
+    # The count is the documented one, derived from the measured cost per mutant.
+    documented = re.search(r"The workflow runs (\d+) shards", (REPO / "docs" / "mutation-runs.md").read_text())
+    assert documented and int(documented.group(1)) == count
+    summary = next(s for s in jobs["merge"]["steps"] if s.get("name") == "Job summary")
+    assert summary["if"] == "always()" and "job-summary.md" in summary["run"] and "GITHUB_STEP_SUMMARY" in summary["run"]
     assert jobs["merge"]["needs"] == "shard" or jobs["merge"]["needs"] == ["shard"]
     merge_cmd = next(s["run"] for s in jobs["merge"]["steps"] if "run" in s and "mutate merge" in s["run"])
     assert sorted(w for w in merge_cmd.split() if w.startswith("shards/")) == \
@@ -248,6 +282,7 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     (["--cuda-only", "--update-baseline"], "take no --since"),
     (["--time-limit", "-1"], "--time-limit must be a number of seconds"),
     (["--time-limit", "nan"], "--time-limit must be a number of seconds"),
+    (["--budget", "10"], "--budget bounds a --since run"),
     (["merge"], "usage: specgate mutate merge"),
     (["nonsense", "dir"], "usage: specgate mutate merge"),
 ])

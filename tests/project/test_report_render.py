@@ -76,7 +76,9 @@ def test_the_mutation_report_renders_offline_with_its_counts(chromium, tmp_path)
     statuses = ["killed"] * 5 + ["survived"] * 2 + ["no tests"]
     records = [MutantRecord(f"engine.m.x_add__mutmut_{i}", "engine/m.py", "add", s, DIFF, ("tests/t.py::test_add",))
                for i, s in enumerate(statuses, 1)]
-    html = write_reports(tmp_path / "mutation", records, {"engine/m.py": SOURCE}, {})["html"]
+    extra = {"problems": ["2 survivors in the mutated functions are neither killed nor listed"],
+             "baseline": {"test_strength": 0.97, "commit": "ccdcb6d"}, "command": "specgate mutate merge", "commit": "x"}
+    html = write_reports(tmp_path / "mutation", records, {"engine/m.py": SOURCE}, extra)["html"]
     text = html.read_text(encoding="utf-8")
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"?https?:", text)  # nothing to fetch
     probe = tmp_path / "mutation-probe.html"
@@ -87,6 +89,12 @@ def test_the_mutation_report_renders_offline_with_its_counts(chromium, tmp_path)
     # no coverage, ignored, runtime errors, compile errors, detected, undetected, total
     assert "All files 62.50 71.43 5 2 0 1 0 0 0 5 3 8" in rendered, rendered
     assert "8 mutants: 5 killed, 2 survived, 1 no tests" in dom
+    # the job summary's block, above the viewer: the ratchet's decision, the per-module table, each survivor
+    summary = re.search(r'<section id="job-summary">(.*?)</section>', dom, re.S).group(1)
+    assert "Mutation testing: FAIL (1 problem)" in summary and "neither killed nor listed" in summary
+    assert re.search(r"<td><code>engine/m\.py</code></td><td>8</td><td>5</td><td>2</td><td>0</td><td>1</td><td>0</td>"
+                     r"<td>71\.4%</td>", summary), summary
+    assert summary.count('class="survivor"') == 2
     screenshot(chromium, html, tmp_path)
 
 

@@ -64,7 +64,8 @@ def markdown(records: list[MutantRecord], summary: dict, extra: dict) -> str:
     out += [f"| `{m['module']}` | {m['mutants']} | {m['killed']} | {m['unexplained']} | {m['equivalent']} | "
             f"{m['no tests']} | {m['run failures']} | {_pct(m['strength'])} |" for m in module_rows(records)]
     out += ["", f"### Unexplained survivors: {len(unexplained)}", ""]
-    out += [f"- `{r.name}` (`{r.path}`, `{r.function}`)" for r in sorted(unexplained, key=lambda r: r.name)] or ["None."]
+    survivors = sorted(unexplained, key=lambda r: r.name)
+    out += [f"- `{r.name}` (`{r.path}`, `{r.function}`)" for r in survivors] or ["None."]
     return "\n".join(out) + "\n"
 
 

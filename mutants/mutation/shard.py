@@ -13,9 +13,9 @@ function is unchanged, a deterministic shard of the rest, and shard reports merg
   whatever a function's tests cost.
 """
 import hashlib
-import random
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path

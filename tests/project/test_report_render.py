@@ -77,7 +77,8 @@ def test_the_mutation_report_renders_offline_with_its_counts(chromium, tmp_path)
     records = [MutantRecord(f"engine.m.x_add__mutmut_{i}", "engine/m.py", "add", s, DIFF, ("tests/t.py::test_add",))
                for i, s in enumerate(statuses, 1)]
     extra = {"problems": ["2 survivors in the mutated functions are neither killed nor listed"],
-             "baseline": {"test_strength": 0.97, "commit": "ccdcb6d"}, "command": "specgate mutate merge", "commit": "x"}
+             "baseline": {"test_strength": 0.97, "commit": "ccdcb6d"}, "command": "specgate mutate merge",
+             "commit": "x"}
     html = write_reports(tmp_path / "mutation", records, {"engine/m.py": SOURCE}, extra)["html"]
     text = html.read_text(encoding="utf-8")
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=\"?https?:", text)  # nothing to fetch

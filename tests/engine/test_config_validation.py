@@ -11,7 +11,7 @@ from engine.block_drafter import DrafterConfig
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, SpecgateError
 from engine.tokenizer import ByteTokenizer
-from engine.veto import ENV_VAR, use_async_runner
+from engine.veto import ENV_VAR, evidence_refusal, use_async_runner
 
 # ---- EngineConfig --------------------------------------------------------------------------
 
@@ -250,11 +250,10 @@ def test_veto_environment_variable_must_be_0_or_1(monkeypatch, env):
 def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
     monkeypatch.delenv(ENV_VAR, raising=False)
     with caplog.at_level(logging.WARNING, logger="specgate"):
-        assert use_async_runner(spec, None) is False
+        assert use_async_runner(spec, None) is False  # on the CPU: no evidence covers a CPU run
     assert [r.getMessage() for r in caplog.records] == [
-        f"async runner vetoed for speculative decoding (spec={spec}): using the sync runner; pass "
-        "--async-runner (specgate generate/bench), set VT_ASYNC_RUNNER=1 or async_runner=True to lift the "
-        "veto once `specgate gates verdict` says LIFT"]
+        f"async runner vetoed for speculative decoding (spec={spec}): {evidence_refusal('cpu', False)}; using "
+        "the sync runner (--async-runner, VT_ASYNC_RUNNER=1 or async_runner=True lifts it for a run)"]
 
 
 

@@ -98,3 +98,12 @@ def test_the_hash_covers_every_python_file_and_nothing_else(engine_copy):
     assert veto.engine_source_hash() == before
     (engine_copy / "bench" / "new.py").write_text("")
     assert veto.engine_source_hash() != before
+
+
+def test_the_llm_hands_the_veto_its_device_and_forward(make_llm, monkeypatch, tmp_path):
+    """LLM(...) asks the veto with its own device and forward: evidence for CPU runs of the
+    reference forward lifts an ngram engine, and keeps the veto for the same engine compiled."""
+    monkeypatch.delenv(veto.ENV_VAR, raising=False)
+    monkeypatch.setattr(veto, "EVIDENCE_FILE", write_evidence(tmp_path / "veto-evidence.json", devices=["cpu"]))
+    assert make_llm(spec="ngram").is_async
+    assert not make_llm(spec="ngram", compile=True).is_async

@@ -205,12 +205,14 @@ ABORT_REUSE = Lifecycle(Workload(prompts=tuple(PROMPTS[i] for i in (7, 6, 2, 3, 
                         (Abort(0, 3), Abort(4, 2)))
 ABORT_REUSE_ENGINE = dict(max_num_seqs=2)
 
-# A binding token budget: twelve requests whose prompts (4 tokens on the fixture's bytes) are
-# shorter than a verify query (1 + k = 8 tokens), so the budget of 56 that admitted all twelve
-# prefills holds seven verify steps: the oldest seven run, the others sit out while running and
-# come back (device-fed under the async runner) as others finish. max_model_len equals the
-# budget, the least the engine accepts.
-GAPS = Workload(prompts=("def",) * 12, max_tokens=(6, 20, 9, 24, 12, 28, 16, 30, 8, 18, 10, 14),
+# A binding token budget: twelve requests whose prompts (5 to 7 tokens on the fixture's bytes) are
+# shorter than a verify query (1 + k = 8 tokens), so the budget of 56 that admitted their prefills
+# holds seven verify steps: the oldest seven run, the others sit out while running and come back
+# (device-fed under the async runner) as others finish, with the drafts their prefill proposed
+# (these prompts' first token repeats in them, so the ngram lookup finds drafts at once).
+# max_model_len equals the budget, the least the engine accepts.
+GAP_PROMPTS = (" \n\n\n", "1, 2, ", "ff or", "def _")
+GAPS = Workload(prompts=GAP_PROMPTS * 3, max_tokens=(6, 20, 9, 24, 12, 28, 16, 30, 8, 18, 10, 14),
                 ignore_eos=(True,) * 12)
 GAPS_ENGINE = dict(max_num_seqs=12, max_model_len=56, max_num_batched_tokens=56, num_spec_tokens=7)
 

@@ -102,6 +102,13 @@ DEFECTS = (
            "running request left out of a step by the token budget comes back verifying no drafts (the "
            "mirror of vLLM's placeholders outliving their window; only a scheduling gap reaches it).",
            ("emit-count",), token_invisible=True),
+    Defect("committed-length-wraps-at-2048",
+           "A depth-only defect: the device's committed length is kept in a ring of 2,048 positions (a table "
+           "sized for short contexts), so past position 2,048 a request's positions and drafts are taken from "
+           "the wrapped length. On a decisive target every token stays right while the oracle's acceptance "
+           "collapses (the public report: acceptance dead past 32,768 positions, the target coherent); the "
+           "gates' 256-position engines never reach it.",
+           ("depth",), token_invisible=True),
     # ---- host write-back ---------------------------------------------------------------------------
     Defect("committed-ids-dropped-on-preemption",
            "Committed ids not written back on one branch: results of a step in flight when its request was "

@@ -78,7 +78,9 @@ class LLM:
         self._finished: list[Request] = []
         self._requests: dict[int, Request] = {}   # unfinished, or finished and not yet streamed
         self._num_streamed: dict[int, int] = {}   # request id -> output tokens already in a delta
-        self._touched: list[Request] = []         # requests with news since the last deltas
+        # Requests with news since the last deltas(), by id: bounded by the requests not yet
+        # streamed to their end, however many steps run without a deltas() call (bench loops).
+        self._touched: dict[int, Request] = {}
         self.clock = NullClock()  # the bench hands in its step clock here (engine/clock.py)
 
     @property
@@ -135,7 +137,7 @@ class LLM:
         in_flight = self._in_flight.plan.requests if self._in_flight is not None else []
         for req in reqs:
             self.scheduler.abort(req, self.scheduler.step, in_flight=any(req is r for r in in_flight))
-            self._touched.append(req)
+            self._touched[req.request_id] = req
         return [self.output(req) for req in reqs]
 
     def _validate(self, prompt, params, arrival_step) -> list[int]:
@@ -230,7 +232,7 @@ class LLM:
         """The one place a step's results reach its requests: counters, tokens, finish reasons.
         A request whose step failed on the host (req.error) ends alone, emitting nothing from that
         step; the others in the batch go on."""
-        self._touched += plan.requests
+        self._touched.update((req.request_id, req) for req in plan.requests)
         for req in plan.requests:
             if req.error is not None and not req.is_finished:
                 self._finish(req, "error", plan.step)
@@ -274,12 +276,10 @@ class LLM:
 
     def deltas(self) -> list[RequestDelta]:
         """The news since the last call, without running a step: what LLM.abort ended."""
-        out, seen = [], set()
-        for req in self._touched:
-            rid = req.request_id
-            if rid in seen or rid not in self._num_streamed:
+        out = []
+        for rid, req in self._touched.items():
+            if rid not in self._num_streamed:
                 continue
-            seen.add(rid)
             start = self._num_streamed[rid]
             tokens = list(req.output_token_ids[start:])
             if not tokens and not req.is_finished:
@@ -288,7 +288,7 @@ class LLM:
             out.append(RequestDelta(rid, tokens, req.finish_reason if req.is_finished else None))
             if req.is_finished:
                 del self._num_streamed[rid], self._requests[rid]
-        self._touched = []
+        self._touched = {}
         return out
 
     def stream(self, prompts: str | list, params: SamplingParams | list[SamplingParams] | None = None,

@@ -97,6 +97,12 @@ DEFECTS = (
            "that step stay taken after the step is read, so every such abort shrinks the engine for good "
            "(counters and reservations lost with outputs in flight).",
            ("combine", "emit-count", "predicate-split"), token_invisible=True),
+    Defect("abort-applied-when-step-read",
+           "An abort with a step in flight applied only when that step is read: the request stays in the running "
+           "list, so the next step is planned with it (its draft slots verified, its KV written) although it "
+           "emits nothing, and its slot and blocks are then given back while that step is in flight (an "
+           "aborted request the backend still looks up).",
+           ("combine", "emit-count", "predicate-split"), token_invisible=True),
     Defect("gap-drops-drafts",
            "Draft state that lives one round: each step clears num_draft of every slot it did not run, so a "
            "running request left out of a step by the token budget comes back verifying no drafts (the "

@@ -4,8 +4,12 @@ A step is: schedule -> plan -> launch on the device -> read results -> apply the
 The sync runner reads step t's results before scheduling step t+1. The async runner launches
 step t+1 first and reads step t's results afterwards, so the host never waits on the device;
 it learns every result, including that a request finished, one step late.
+
+Over 300 lines because the request lifecycle (add, abort, the streamed deltas) sits beside the
+step it is applied in, and the whole-run entry points (generate, stream) share its validation.
 """
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -15,7 +19,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError, SpecgateError
 from engine.generation_config import GenerationDefaults
 from engine.loader import load_model
-from engine.outputs import RequestOutput
+from engine.outputs import RequestDelta, RequestOutput
 from engine.proposers import NgramProposer, Proposer, ProposerFactory
 from engine.request import Request
 from engine.runner import InFlight, ModelRunner
@@ -73,6 +77,11 @@ class LLM:
         self._next_id = 0
         self._in_flight: InFlight | None = None
         self._finished: list[Request] = []
+        self._requests: dict[int, Request] = {}   # unfinished, or finished and not yet streamed
+        self._num_streamed: dict[int, int] = {}   # request id -> output tokens already in a delta
+        # Requests with news since the last deltas(), by id: bounded by the requests not yet
+        # streamed to their end, however many steps run without a deltas() call (bench loops).
+        self._touched: dict[int, Request] = {}
         self.clock = NullClock()  # the bench hands in its step clock here (engine/clock.py)
 
     @property
@@ -105,7 +114,31 @@ class LLM:
                       arrival_step=self.scheduler.step + arrival_step)
         self._next_id += 1
         self.scheduler.add(req)
+        self._requests[req.request_id] = req
+        self._num_streamed[req.request_id] = 0
         return req
+
+    def abort(self, request_ids: int | Iterable[int]) -> list[RequestOutput]:
+        """End requests now, with finish reason "abort": waiting, running, preempted or in a step
+        still in flight alike. Each returns what it had committed; a step in flight emits nothing
+        more for it, and its KV blocks and state slot are given back only after that step's
+        results are read. An id that is unknown or already finished raises RequestError and
+        aborts nothing (all ids are checked first)."""
+        ids = [request_ids] if isinstance(request_ids, int) else list(request_ids)
+        reqs = []
+        for rid in ids:
+            req = self._requests.get(rid) if isinstance(rid, int) and not isinstance(rid, bool) else None
+            if req is None or req.is_finished:
+                raise RequestError(f"cannot abort request {rid!r}: unknown or already finished (abort takes "
+                                   f"the id of a request added and not yet finished)")
+            reqs.append(req)
+        if len(set(map(id, reqs))) != len(reqs):
+            raise RequestError(f"request ids to abort repeat: {ids}")
+        in_flight = self._in_flight.plan.requests if self._in_flight is not None else []
+        for req in reqs:
+            self.scheduler.abort(req, self.scheduler.step, in_flight=any(req is r for r in in_flight))
+            self._touched[req.request_id] = req
+        return [self.output(req) for req in reqs]
 
     def _validate(self, prompt, params, arrival_step) -> tuple[list[int], SamplingParams]:  # params None: defaults
         if isinstance(prompt, str):
@@ -135,6 +168,11 @@ class LLM:
         self.runner.proposer.check_request(token_ids, params.max_tokens, params.temperature)
         return token_ids, params
 
+    @property
+    def in_flight_request_ids(self) -> list[int]:
+        """The requests of the step launched and not yet read (async runner; else empty)."""
+        return [req.request_id for req in self._in_flight.plan.requests] if self._in_flight is not None else []
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
@@ -150,6 +188,8 @@ class LLM:
         self._check_progress(batch)
         launched = self._launch(batch) if batch.requests else None
         previous, self._in_flight = self._in_flight, launched
+        if launched is not None and previous is not None:
+            launched.launched_behind = previous.plan.step
         if previous is not None:
             self._complete(previous, blocking=launched is None)
         if not self.policy.completes_late and self._in_flight is not None:
@@ -183,14 +223,17 @@ class LLM:
         results = self.runner.read(flight, blocking)
         waited = self.clock.now()
         if self.trace is not None:
-            self.trace.append(trace_step(flight.plan, flight.traced, results, self.policy.route))
+            self.trace.append(trace_step(flight.plan, flight.traced, results, self.policy.route,
+                                         flight.launched_behind))
         self._apply(flight.plan, results)
+        self.scheduler.release_held(flight.plan.requests)
         self.clock.add_completion(started, waited, flight.gpu_span)
 
     def _apply(self, plan: StepPlan, results: list[StepResult]) -> None:
         """The one place a step's results reach its requests: counters, tokens, finish reasons.
         A request whose step failed on the host (req.error) ends alone, emitting nothing from that
         step; the others in the batch go on."""
+        self._touched.update((req.request_id, req) for req in plan.requests)
         for req in plan.requests:
             if req.error is not None and not req.is_finished:
                 self._finish(req, "error", plan.step)
@@ -224,11 +267,60 @@ class LLM:
             return "context"  # cut by max_model_len before max_tokens: the caller asked for more
         return None
 
+    # ---- streaming ------------------------------------------------------------------------------
+    def step_deltas(self) -> list[RequestDelta]:
+        """Run one engine step (add_request first); returns what it added to each request,
+        one RequestDelta per request with news (tokens, or its finish), aborts since the last
+        call included."""
+        self.step()
+        return self.deltas()
+
+    def deltas(self) -> list[RequestDelta]:
+        """The news since the last call, without running a step: what LLM.abort ended."""
+        out = []
+        for rid, req in self._touched.items():
+            if rid not in self._num_streamed:
+                continue
+            start = self._num_streamed[rid]
+            tokens = list(req.output_token_ids[start:])
+            if not tokens and not req.is_finished:
+                continue
+            self._num_streamed[rid] = len(req.output_token_ids)
+            out.append(RequestDelta(rid, tokens, req.finish_reason if req.is_finished else None))
+            if req.is_finished:
+                del self._num_streamed[rid], self._requests[rid]
+        self._touched = {}
+        return out
+
+    def stream(self, prompts: str | list, params: SamplingParams | list[SamplingParams] | None = None,
+               arrival_steps: list[int] | None = None) -> Iterator[RequestDelta]:
+        """Like generate, but yields each request's tokens as its steps commit them: RequestDelta
+        records, a step's in request order, the last one per request with its finish reason.
+        The caller may call abort() between deltas; the aborted requests' last deltas follow."""
+        reqs = self._add_all(prompts, params, arrival_steps)
+        ids = {req.request_id for req in reqs}
+        while any(rid in self._num_streamed for rid in ids):
+            news = self.deltas() or (self.step_deltas() if self.has_unfinished() else [])
+            yield from (d for d in news if d.request_id in ids)
+
     # ---- whole runs ---------------------------------------------------------------------------
     def generate(self, prompts: str | list, params: SamplingParams | list[SamplingParams] | None = None,
                  arrival_steps: list[int] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts to completion. Every request is validated before any runs, so a bad one
         raises RequestError (naming its index) and nothing is lost."""
+        reqs = self._add_all(prompts, params, arrival_steps)
+        bar = _progress(len(reqs)) if use_tqdm else None
+        while self.has_unfinished():
+            done = self.step()
+            self.deltas()  # generate streams nothing; this keeps the bookkeeping of news empty
+            if bar is not None:
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        return [self.output(r) for r in reqs]
+
+    def _add_all(self, prompts, params, arrival_steps) -> list[Request]:
+        """Validate every request, then add them all (generate and stream)."""
         if not isinstance(prompts, (str, list, tuple)):
             raise RequestError(f"prompts must be a string, a list of token ids, or a list of those; "
                                f"got {type(prompts).__name__}")
@@ -244,15 +336,7 @@ class LLM:
                 self._validate(prompt, p, a)
             except RequestError as e:
                 raise RequestError(f"request {i}: {e}") from None
-        reqs = [self.add_request(pr, p, a) for pr, p, a in zip(prompts, params_list, arrivals)]
-        bar = _progress(n) if use_tqdm else None
-        while self.has_unfinished():
-            done = self.step()
-            if bar is not None:
-                bar.update(len(done))
-        if bar is not None:
-            bar.close()
-        return [self.output(r) for r in reqs]
+        return [self.add_request(pr, p, a) for pr, p, a in zip(prompts, params_list, arrivals)]
 
     def output(self, req: Request) -> RequestOutput:
         prompt = req.prompt_token_ids

@@ -44,6 +44,7 @@ class InFlight:
     event: "torch.cuda.Event | None"       # CUDA: recorded when the results copy is done
     traced: StepOutputs | None = None      # a copy of what the step fed and gathered (trace=True)
     gpu_span: tuple | None = None          # the clock's timing events around the device work (bench, CUDA)
+    launched_behind: int | None = None     # the step still in flight (unread) when this one was launched
 
 
 class DeviceState:

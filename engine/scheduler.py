@@ -37,6 +37,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
+        # Aborted requests whose blocks and slot a step still in flight writes: released when
+        # that step's results are read (release_held), not at abort time.
+        self.held: list[Request] = []
         self.step = 0
 
     def add(self, req: Request) -> None:
@@ -79,7 +82,7 @@ class Scheduler:
                     batch.is_prefill.append(False)
                     batch.spec_width.append(self.spec_width(req))
         self.running = kept
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs and self.free_slots:  # held slots count
             req = self.waiting[0]
             need = req.num_tokens + self.lookahead
             if (req.arrival_step > batch.step or req in batch.preempted
@@ -121,6 +124,32 @@ class Scheduler:
             self.running.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
+        self._release(req)
+
+    def abort(self, req: Request, step: int, in_flight: bool) -> None:
+        """End the request with finish reason "abort", whatever its status. `in_flight`: a
+        launched step whose results are not yet read holds the request; its blocks and slot stay
+        reserved (no admission can take them) until release_held() sees that step read."""
+        req.status = Status.FINISHED
+        req.finish_reason = "abort"
+        req.finish_step = step
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if in_flight:
+            self.held.append(req)
+        else:
+            self._release(req)
+
+    def release_held(self, requests: list[Request]) -> None:
+        """A step's results were read: the aborted requests it held give back blocks and slot."""
+        done = [req for req in self.held if req in requests]
+        for req in done:
+            self.held.remove(req)
+            self._release(req)
+
+    def _release(self, req: Request) -> None:
         if req.block_ids:
             self.block_manager.free(req.block_ids)
             req.block_ids = []

@@ -25,6 +25,8 @@ class RequestTrace:
     num_draft: int
     num_accepted: int
     sampled: list[int]            # accepted drafts then the correction/bonus token
+    slot: int = -1                # the device state slot the row ran in
+    block_table: list[int] = field(default_factory=list)  # its KV blocks, padded with the sink block
 
     @property
     def emit_count(self) -> int:
@@ -37,19 +39,22 @@ class StepTrace:
     route: str                    # "sync/eager", "async/graph", ...
     num_padding_rows: int = 0
     requests: list[RequestTrace] = field(default_factory=list)
+    launched_behind: int | None = None  # the step still unread when this one was launched (async)
 
     @property
     def num_reqs(self) -> int:
         return len(self.requests)
 
 
-def trace_step(plan: StepPlan, out: StepOutputs, results: list[StepResult], route: str) -> StepTrace:
-    """route: the runner policy's label ("sync" or "async"); the plan adds its arm."""
+def trace_step(plan: StepPlan, out: StepOutputs, results: list[StepResult], route: str,
+               launched_behind: int | None = None) -> StepTrace:
+    """route: the runner policy's label ("sync" or "async"); the plan adds its arm;
+    launched_behind: the step in flight when this one was launched."""
     qsl, cu = out.query_start_loc.tolist(), out.cu_num_logits.tolist()
     input_ids, positions, seq_lens = out.input_ids.tolist(), out.positions.tolist(), out.seq_lens.tolist()
     logits_indices, drafts = out.logits_indices.tolist(), out.draft_token_ids.tolist()
     real = plan.real_rows
-    record = StepTrace(plan.step, f"{route}/{plan.arm}", plan.num_rows - len(real))
+    record = StepTrace(plan.step, f"{route}/{plan.arm}", plan.num_rows - len(real), launched_behind=launched_behind)
     for r, (row, result) in enumerate(zip(real, results)):
         record.requests.append(RequestTrace(
             request_id=row.request.request_id, is_prefill=row.is_prefill, device_fed=row.device_fed,
@@ -57,5 +62,6 @@ def trace_step(plan: StepPlan, out: StepOutputs, results: list[StepResult], rout
             positions=positions[qsl[r]:qsl[r + 1]], seq_len=seq_lens[r],
             logits_indices=logits_indices[cu[r]:cu[r + 1]], query_start=qsl[r],
             draft_token_ids=drafts[r][:result.num_draft], num_draft=result.num_draft,
-            num_accepted=result.num_accepted, sampled=result.emitted))
+            num_accepted=result.num_accepted, sampled=result.emitted, slot=row.slot,
+            block_table=list(row.block_table)))
     return record

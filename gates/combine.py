@@ -1,12 +1,27 @@
 """Gate combine (G2): the async runner assembles each step's device inputs on the device from
 the last step's results; per step and request they must equal what the sync runner built on
 the host: input ids (last committed token, then the drafts), positions, sequence length, and
-the logits window relative to the query start."""
+the logits window relative to the query start.
+
+Through the request lifecycle too: with requests aborted (waiting, running, with their step in
+flight, their slot then taken by a new admission), the requests not aborted are fed exactly what
+a sync run without the aborted ones fed them; with a binding token budget, a running request that
+sat out a step is fed, when it comes back, what the sync runner fed it."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gates.compare import runs_difference
+from gates.lifecycle import (
+    ABORT_REUSE,
+    ABORT_REUSE_ENGINE,
+    GAPS,
+    GAPS_ENGINE,
+    lifecycles,
+    note_lifecycle,
+    run_against_kept,
+    scheduling_gaps,
+)
 from gates.workloads import (
     DRAFTERS,
     GRAPH_PADDING,
@@ -19,7 +34,9 @@ from gates.workloads import (
 )
 
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "device-fed rows compared", "preemption", "eager arm",
-          "graph arm", "graph step with padding rows", "host-history request")
+          "graph arm", "graph step with padding rows", "host-history request", "abort with a step in flight",
+          "abort of a waiting request", "aborted slot reused by a new admission",
+          "scheduling gap: a running request sat out a step and came back device-fed")
 
 
 def check_pair(gate_record, sync, async_):
@@ -64,3 +81,39 @@ def test_device_inputs_in_padded_graph_steps_with_every_slot_taken(make_llm, gat
     sync, async_ = run_pair(make_llm, GRAPH_PADDING, spec=drafter, num_spec_tokens=3, **GRAPH_PADDING_ENGINE)
     assert any(s.num_padding_rows for s in async_.trace), "no graph step was padded"
     check_pair(gate_record, sync, async_)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(lifecycle=lifecycles(min_tokens=8, host_history=None), k=st.integers(1, 5))
+@gate_settings(2)
+def test_device_inputs_of_requests_not_aborted_equal_a_run_without_the_aborted(make_llm, gate_record, drafter,
+                                                                                  graph, lifecycle, k):
+    engine = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=3)
+    gate_record.case(drafter=drafter, graph=graph, k=k, num_reqs=lifecycle.workload.num_reqs,
+                     aborts=[(a.request, a.step) for a in lifecycle.aborts])
+    baseline, kept, life = run_against_kept(make_llm, lifecycle, **engine)
+    gate_record.check(runs_difference(baseline, kept, fields=("device_inputs",)), "aborts: async vs sync without")
+    note_lifecycle(gate_record, life)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_device_inputs_after_an_abort_whose_slot_is_taken_next(make_llm, gate_record, drafter, graph):
+    gate_record.case(drafter=drafter, graph=graph, workload="abort, slot reused", k=3)
+    baseline, kept, life = run_against_kept(make_llm, ABORT_REUSE, spec=drafter, num_spec_tokens=3, graph=graph,
+                                            **ABORT_REUSE_ENGINE)
+    gate_record.check(runs_difference(baseline, kept, fields=("device_inputs",)), "aborts: async vs sync without")
+    note_lifecycle(gate_record, life)
+    gate_record.occurred("graph arm", any(route.endswith("/graph") for route in life.run.routes))
+    gate_record.occurred("eager arm", any(route.endswith("/eager") for route in life.run.routes))
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_device_inputs_after_scheduling_gaps(make_llm, gate_record, drafter):
+    """A binding token budget leaves running requests out of steps; back, they are fed what sync fed them."""
+    gate_record.case(drafter=drafter, workload="scheduling gaps", **GAPS_ENGINE)
+    sync, async_ = run_pair(make_llm, GAPS, spec=drafter, **GAPS_ENGINE)
+    gate_record.check(runs_difference(sync, async_, fields=("device_inputs",)), "async vs sync")
+    gate_record.occurred("scheduling gap: a running request sat out a step and came back device-fed",
+                         any(r.device_fed for r in scheduling_gaps(async_.trace)))

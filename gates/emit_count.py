@@ -9,6 +9,12 @@ a defect in the finish rule that sync and async share is invisible to their comp
 
 Verify is lossless, so a stale draft or a logit gathered from the wrong row can leave every
 token right and move only acceptance: these checks see acceptance, per step, exactly.
+
+Through the request lifecycle too: with requests aborted (waiting, running, with their step in
+flight, their slot then taken by a new admission), the requests not aborted pass every check above
+and emit, per (request, position), exactly what a sync run without the aborted ones emits; with a
+binding token budget, a running request that sat out steps verifies, when it comes back, the drafts
+of its own history (not none, not another's).
 """
 import pytest
 from hypothesis import given
@@ -16,6 +22,16 @@ from hypothesis import strategies as st
 
 from gates.compare import runs_difference
 from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
+from gates.lifecycle import (
+    ABORT_REUSE,
+    ABORT_REUSE_ENGINE,
+    GAPS,
+    GAPS_ENGINE,
+    lifecycles,
+    note_lifecycle,
+    run_against_kept,
+    scheduling_gaps,
+)
 from gates.reference import reference_difference
 from gates.workloads import (
     CONTEXT_LIMIT,
@@ -34,7 +50,9 @@ from gates.workloads import (
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts rejected",
           "async emitted more than one token in a step", "preemption", "graph arm",
           "graph step with padding rows", "host-history request", "finished on stop_token_ids", "finished on eos",
-          "ignore_eos passed an eos", "finished at max_tokens", "finished at max_model_len")
+          "ignore_eos passed an eos", "finished at max_tokens", "finished at max_model_len",
+          "abort with a step in flight", "abort of a waiting request", "aborted slot reused by a new admission",
+          "scheduling gap: a running request sat out a step and came back device-fed")
 
 # The reference decoder's finish triggers (gates/reference.py) and the claims they satisfy.
 FINISH_CLAIMS = {"stop_token_ids": "finished on stop_token_ids", "eos": "finished on eos",
@@ -43,6 +61,11 @@ FINISH_CLAIMS = {"stop_token_ids": "finished on stop_token_ids", "eos": "finishe
 
 
 def check_pair(gate_record, reference, sync, async_):
+    check_runs(gate_record, reference, sync, async_)
+    note_coverage(gate_record, sync, async_)
+
+
+def check_runs(gate_record, reference, sync, async_):
     for r in (sync, async_):
         diff, triggers = reference_difference(reference, r, r.max_model_len)
         gate_record.check(diff, f"{r.label()}: the engine vs the naive reference decoder")
@@ -55,7 +78,6 @@ def check_pair(gate_record, reference, sync, async_):
         if r.engine["spec"] == "ngram":
             gate_record.check(ngram_draft_difference(r.outputs, r.trace), f"{r.label()}: ngram drafts")
     gate_record.check(runs_difference(sync, async_, fields=("emit_count",)), "async vs sync")
-    note_coverage(gate_record, sync, async_)
 
 
 def note_coverage(gate_record, sync, async_):
@@ -112,3 +134,37 @@ def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_rec
     check_pair(gate_record, reference, sync, async_)
     assert any(o.finish_reason == "context" and len(o.prompt_token_ids) + len(o.token_ids) == sync.max_model_len
                for o in sync.outputs), "no request reached max_model_len"
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@given(lifecycle=lifecycles(min_tokens=8, host_history=None, stop_rules=True), k=st.integers(1, 5))
+@gate_settings(2)
+def test_emit_counts_of_requests_not_aborted_equal_a_run_without_the_aborted(make_llm, gate_record, reference,
+                                                                             drafter, graph, lifecycle, k):
+    engine = dict(spec=drafter, num_spec_tokens=k, graph=graph, max_num_seqs=3)
+    gate_record.case(drafter=drafter, graph=graph, k=k, num_reqs=lifecycle.workload.num_reqs,
+                     aborts=[(a.request, a.step) for a in lifecycle.aborts])
+    baseline, kept, life = run_against_kept(make_llm, lifecycle, **engine)
+    check_runs(gate_record, reference, baseline, kept)
+    note_lifecycle(gate_record, life)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_emit_counts_after_an_abort_whose_slot_is_taken_next(make_llm, gate_record, reference, drafter, graph):
+    gate_record.case(drafter=drafter, graph=graph, workload="abort, slot reused", k=3)
+    baseline, kept, life = run_against_kept(make_llm, ABORT_REUSE, spec=drafter, num_spec_tokens=3, graph=graph,
+                                            **ABORT_REUSE_ENGINE)
+    check_runs(gate_record, reference, baseline, kept)
+    note_lifecycle(gate_record, life)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_emit_counts_after_scheduling_gaps(make_llm, gate_record, reference, drafter):
+    """A binding token budget leaves running requests out of steps; back, each verifies its own drafts."""
+    gate_record.case(drafter=drafter, workload="scheduling gaps", **GAPS_ENGINE)
+    sync, async_ = run_pair(make_llm, GAPS, spec=drafter, **GAPS_ENGINE)
+    check_runs(gate_record, reference, sync, async_)
+    gate_record.occurred("scheduling gap: a running request sat out a step and came back device-fed",
+                         any(r.device_fed for r in scheduling_gaps(async_.trace)))

@@ -71,6 +71,10 @@ SHAPES: dict[str, Shape] = {
     # The 1B shape's decisive weights in miniature (bf16), for CPU tests of what the oracle needs.
     "tiny-decisive": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=512, decisive=True),
+    # The same, in float32 and with 8,192 positions: the depth gate's CPU folder (gates/depth.py).
+    "tiny-deep": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=8192, dtype="float32",
+                       decisive=True),
 }
 # How much smaller a decisive model's block output projections are drawn than its other matrices.
 DECISIVE_BLOCK_SCALE = 1e-3

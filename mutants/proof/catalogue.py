@@ -84,6 +84,37 @@ DEFECTS = (
            "writes up to k + 1 positions past the blocks the host reserved (SGLang over-allocates one step "
            "for this reason).",
            ("lossless", "combine")),
+    # ---- the request lifecycle: aborts and scheduling gaps ----------------------------------------
+    Defect("abort-frees-in-flight-slot",
+           "An abort frees at once what the step in flight still holds: the aborted request's state slot and KV "
+           "blocks go back at abort time, so the next step plans a new admission (or a running request's "
+           "growth) onto them while the old step writing them is unread (vLLM: an abort frees a slot the "
+           "in-flight step still writes). On one CUDA stream the writes stay ordered, so tokens are unchanged; "
+           "the lifecycle check of the plans sees the hand-over.",
+           ("combine", "emit-count", "predicate-split"), token_invisible=True),
+    Defect("abort-leaks-held-slot",
+           "An abort with a step in flight never gives back what it held: the slot and KV blocks reserved for "
+           "that step stay taken after the step is read, so every such abort shrinks the engine for good "
+           "(counters and reservations lost with outputs in flight).",
+           ("combine", "emit-count", "predicate-split"), token_invisible=True),
+    Defect("abort-applied-when-step-read",
+           "An abort with a step in flight applied only when that step is read: the request stays in the running "
+           "list, so the next step is planned with it (its draft slots verified, its KV written) although it "
+           "emits nothing, and its slot and blocks are then given back while that step is in flight (an "
+           "aborted request the backend still looks up).",
+           ("combine", "emit-count", "predicate-split"), token_invisible=True),
+    Defect("gap-drops-drafts",
+           "Draft state that lives one round: each step clears num_draft of every slot it did not run, so a "
+           "running request left out of a step by the token budget comes back verifying no drafts (the "
+           "mirror of vLLM's placeholders outliving their window; only a scheduling gap reaches it).",
+           ("emit-count",), token_invisible=True),
+    Defect("committed-length-wraps-at-2048",
+           "A depth-only defect: the device's committed length is kept in a ring of 2,048 positions (a table "
+           "sized for short contexts), so past position 2,048 a request's positions and drafts are taken from "
+           "the wrapped length. On a decisive target every token stays right while the oracle's acceptance "
+           "collapses (the public report: acceptance dead past 32,768 positions, the target coherent); the "
+           "gates' 256-position engines never reach it.",
+           ("depth",), token_invisible=True),
     # ---- host write-back ---------------------------------------------------------------------------
     Defect("committed-ids-dropped-on-preemption",
            "Committed ids not written back on one branch: results of a step in flight when its request was "

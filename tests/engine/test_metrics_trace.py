@@ -77,8 +77,9 @@ def test_a_step_trace_records_route_padding_and_every_request(is_async, arm, num
     assert step(is_async, arm, num_rows) == StepTrace(7, route, num_rows - 2, [
         RequestTrace(request_id=11, is_prefill=True, device_fed=False, refusal="prefill", input_ids=[1, 2, 3],
                      positions=[0, 1, 2], seq_len=3, logits_indices=[2], query_start=0, draft_token_ids=[],
-                     num_draft=0, num_accepted=0, sampled=[9]),
+                     num_draft=0, num_accepted=0, sampled=[9], slot=0, block_table=[0]),
         RequestTrace(request_id=12, is_prefill=False, device_fed=True, refusal=None, input_ids=[40, 41, 42],
                      positions=[5, 6, 7], seq_len=8, logits_indices=[3, 4, 5], query_start=3,
-                     draft_token_ids=[41, 42], num_draft=2, num_accepted=1, sampled=[41, 77]),
+                     draft_token_ids=[41, 42], num_draft=2, num_accepted=1, sampled=[41, 77], slot=1,
+                     block_table=[1]),
     ])

@@ -1,13 +1,13 @@
-"""`specgate mutate [--since REV | --only PATTERN ... | --shard I/N | --cuda-only] [--max-children N]
+"""`specgate mutate [--since REV [--budget N] | --only PATTERN ... | --shard I/N | --cuda-only] [--max-children N]
 [--time-limit S] [--report DIR] [--update-baseline]` and `specgate mutate merge DIR ...` (also `make mutate`): mutmut
 over engine/, with the fast tests and gates as the suite.
 
 One pass, a module per step:
 
-    stage the suite in build/mutmut/ (mutation_stage) -> mutmut run there, over the functions
-    changed since REV or all (mutation_run) -> read mutmut's results, with the reviewed
-    equivalents (mutation_results) -> reports (mutation_report) -> ratchet against the baseline
-    (mutation_ratchet) -> score line
+    stage the suite in build/mutmut/ (stage) -> mutmut run there, over the functions
+    changed since REV or all (run) -> read mutmut's results, with the reviewed
+    equivalents (results) -> reports (report, job_summary) -> ratchet against the baseline
+    (ratchet) -> score line
 """
 import argparse
 import os

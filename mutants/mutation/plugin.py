@@ -22,7 +22,7 @@ def pytest_configure(config):
     # A CUDA run's mutant child that cannot use CUDA fails every CUDA test, and each mutant would
     # read as killed: it happens when the process it was forked from started CUDA (torch's lazy
     # init, or only the driver, which torch.cuda.is_available() starts unless
-    # PYTORCH_NVML_BASED_CUDA_CHECK=1, set for CUDA runs: mutation_run.CUDA_RUN_ENV). So the child
+    # PYTORCH_NVML_BASED_CUDA_CHECK=1, set for CUDA runs: mutants.mutation.run.CUDA_RUN_ENV). So the child
     # starts CUDA first and, when it cannot (a bad fork raises here too), stops with a usage error
     # (exit 4: mutmut's `suspicious`, a failed run for specgate): never a verdict.
     import os

@@ -58,6 +58,25 @@ class DeviceState:
         self.num_draft = torch.zeros(num_slots, dtype=torch.long, device=device)
         self.draft_probs = (torch.zeros(num_slots, k, vocab_size, device=device) if with_q else None)
 
+    def drafts_of(self, slot: int) -> "HeldDrafts":
+        """A copy of the drafts a slot holds (queued on the device after the steps before it)."""
+        q = self.draft_probs[slot].clone() if self.draft_probs is not None else None
+        return HeldDrafts(self.draft_token_ids[slot].clone(), self.num_draft[slot:slot + 1].clone(), q)
+
+    def give_drafts(self, slot: int, held: "HeldDrafts") -> None:
+        self.draft_token_ids[slot] = held.token_ids
+        self.num_draft[slot:slot + 1] = held.num_draft
+        if held.probs is not None:
+            self.draft_probs[slot] = held.probs
+
+
+@dataclass(frozen=True)
+class HeldDrafts:
+    """The drafts a preempted request held, kept on the device until its resume verifies them."""
+    token_ids: torch.Tensor          # [k]
+    num_draft: torch.Tensor          # [1]
+    probs: torch.Tensor | None       # [k, V]: q, for a drafter that samples its drafts
+
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, model: LlamaForCausalLM, proposer: Proposer):
@@ -96,6 +115,24 @@ class ModelRunner:
         self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
+        # request id -> the drafts it held when preempted; its resume verifies them (step_plan.py)
+        self.preempted_drafts: dict[int, HeldDrafts] = {}
+
+    # ---- preemption: a request's drafts outlive its state slot -----------------------------------
+    def keep_drafts(self, request_id: int, slot: int) -> None:
+        """The request left `slot` (preempted): copy its drafts out before another request takes
+        the slot. Queued after every step launched so far, so the copy is the drafts of its last
+        step, even one still in flight."""
+        self.preempted_drafts[request_id] = self.state.drafts_of(slot)
+
+    def resume_drafts(self, request_id: int, slot: int) -> None:
+        """The request resumes in `slot`: its prefill verifies the drafts it held (scheduler.py
+        resume_drafts); every preempted request keeps some, so a missing entry is an engine bug."""
+        self.state.give_drafts(slot, self.preempted_drafts.pop(request_id))
+
+    def forget_drafts(self, request_id: int) -> None:
+        """The request ended while preempted (finished by a step read late, or aborted)."""
+        self.preempted_drafts.pop(request_id, None)
 
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
@@ -145,7 +182,7 @@ class ModelRunner:
         params = [row.request.params if row.request else None for row in rows]  # None: padding, greedy
         columns = StepInputs(slots=[r.slot for r in rows], query_lens=[r.query_len for r in rows],
                              spec_width=[r.spec_width for r in rows], num_logits=[r.num_logits for r in rows],
-                             device_fed=[r.device_fed for r in rows], is_prefill=[r.is_prefill for r in rows],
+                             device_fed=[r.device_fed for r in rows], draft_slots=[r.draft_slots for r in rows],
                              host_seq_lens=[r.seq_len for r in rows],
                              top_k=[p.top_k if p else -1 for p in params],
                              keys=[r.request.rng_key if r.request else 0 for r in rows],
@@ -167,24 +204,25 @@ class ModelRunner:
         slots, spec_width = inp.slots, inp.spec_width
         num_reqs = slots.numel()
         query_start_loc = torch.nn.functional.pad(inp.query_lens.cumsum(0), (1, 0))
-        is_verify = inp.is_prefill == 0  # flags are staged as int64 (engine/staging.py)
-        device_fed = inp.device_fed != 0
+        device_fed = inp.device_fed != 0  # flags are staged as int64 (engine/staging.py)
 
         # Combine: device-fed rows take ids and positions from the state the last step wrote;
-        # every verify row takes its drafts from the draft buffer the last propose wrote.
+        # a row's last draft_slots tokens take its drafts from the buffer the last propose wrote
+        # (a verify row's after its first token, a resumed prefill's after its history).
         query_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), inp.query_lens,
                                             output_size=num_tokens)
         offset = torch.arange(num_tokens, device=dev) - query_start_loc[query_req]
+        draft_index = offset - (inp.query_lens - inp.draft_slots)[query_req]
         token_slot = slots[query_req]
         committed = state.num_committed[token_slot]
         last_token = state.token_ids[token_slot, (committed - 1).clamp_min(0)]
         if k:
-            draft = state.draft_token_ids[token_slot, (offset - 1).clamp(0, k - 1)]
+            draft = state.draft_token_ids[token_slot, draft_index.clamp(0, k - 1)]
             device_ids = torch.where(offset == 0, last_token, draft)
         else:
             device_ids = last_token
         fed_token = device_fed[query_req]
-        takes_draft = is_verify[query_req] & (offset >= 1)
+        takes_draft = draft_index >= 0
         input_ids = torch.where(fed_token | takes_draft, device_ids, inp.host_token_ids)
         positions = torch.where(fed_token, committed - 1 + offset, inp.host_positions)
         seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp.host_seq_lens)
@@ -204,7 +242,7 @@ class ModelRunner:
                 logits[r, 0] = proc(list(req.output_token_ids), logits[r, 0])
 
         sampling = SamplingTensors(temperature=inp.temperature, top_k=inp.top_k, top_p=inp.top_p, keys=inp.keys)
-        num_draft = torch.where(is_verify, torch.minimum(state.num_draft[slots], spec_width), 0)
+        num_draft = torch.minimum(state.num_draft[slots], inp.draft_slots)
         drafts = state.draft_token_ids[slots]
         draft_probs = state.draft_probs[slots] if state.draft_probs is not None else None
         first_position = positions[logits_indices[cu_num_logits[:-1]]] + 1

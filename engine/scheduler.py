@@ -4,7 +4,8 @@ Plain Python over Request objects. Each step schedules the running requests firs
 first, one decode or verify query each), preempting the newest running request while the
 cache cannot hold the next step, then admits waiting requests in arrival order while the
 token budget, max_num_seqs and the cache allow. A preempted request goes back to the front of
-the queue and is later resumed by recomputing its prompt plus output.
+the queue and is later resumed by recomputing its prompt plus output; its resume step also
+verifies the drafts it held when it was preempted (`resume_drafts`).
 """
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,11 +23,20 @@ class ScheduledBatch:
     is_prefill: list[bool] = field(default_factory=list)
     spec_width: list[int] = field(default_factory=list)  # drafts each row may verify (k, or 0)
     preempted: list[Request] = field(default_factory=list)
+    preempted_slots: list[int] = field(default_factory=list)  # the state slot each preempted request left
 
 
 def spec_width(req: Request, k: int) -> int:
     """Drafts per verify step for this request: k, or 0 when its sampling needs the host."""
     return 0 if req.needs_host_history else k
+
+
+def resume_drafts(req: Request, k: int, max_model_len: int) -> int:
+    """Draft slots a resumed request's prefill carries after its history: the drafts it held when
+    it was preempted are verified there, at the positions, with the q and the random numbers the
+    unpreempted run used, so preemption moves no step boundary and a seeded request's tokens stay
+    the same. At most the positions left in its context: a token past it is never emitted."""
+    return min(spec_width(req, k), max_model_len - req.num_tokens) if req.is_resumed else 0
 
 
 class Scheduler:
@@ -53,7 +63,9 @@ class Scheduler:
         return any(r.arrival_step > step for r in self.waiting)
 
     def query_len(self, req: Request) -> int:
-        return req.num_tokens if req.needs_prefill else 1 + self.spec_width(req)
+        if req.needs_prefill:
+            return req.num_tokens + resume_drafts(req, self.cfg.k, self.cfg.max_model_len)
+        return 1 + self.spec_width(req)
 
     def spec_width(self, req: Request) -> int:
         return spec_width(req, self.cfg.k)
@@ -69,6 +81,7 @@ class Scheduler:
             need = req.num_tokens + self.lookahead
             while not self.block_manager.can_reserve(len(req.block_ids), need):
                 victim = queue.pop() if queue else req
+                batch.preempted_slots.append(victim.slot)
                 self.preempt(victim)
                 batch.preempted.append(victim)
                 if victim is req:

@@ -27,9 +27,9 @@ class StepInputs(Generic[Column]):
     slots: Column = field(metadata=ROW)           # [R] state slot of each row; padding rows: the last slot
     query_lens: Column = field(metadata=ROW)      # [R] query tokens: the prompt (prefill) or 1 + spec_width
     spec_width: Column = field(metadata=ROW)      # [R] drafts the row may verify (k, or 0)
-    num_logits: Column = field(metadata=ROW)      # [R] logits rows gathered: 1 (prefill) or 1 + spec_width
+    num_logits: Column = field(metadata=ROW)      # [R] logits rows gathered: 1 + draft_slots
     device_fed: Column = field(metadata=ROW)      # [R] 0/1: ids, positions, length from the device state
-    is_prefill: Column = field(metadata=ROW)      # [R] 0/1
+    draft_slots: Column = field(metadata=ROW)     # [R] query tokens at the end that take drafts (RowPlan)
     host_seq_lens: Column = field(metadata=ROW)   # [R] sequence length after the step, as the host knows it
     top_k: Column = field(metadata=ROW)           # [R] -1: every token
     keys: Column = field(metadata=ROW)            # [R] the request's counter-based rng key

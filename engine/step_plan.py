@@ -6,13 +6,18 @@ the previous step wrote (the async runner's device-fed rows carry placeholders);
 policy decides which (engine/policy.py). A graph-arm step is padded to a fixed bucket of rows
 and its context to a fixed bucket of lengths (a graph is captured per pair); padding rows run,
 write only the padding slot and the sink block, and their results are dropped.
+
+A row's drafts are the last `draft_slots` tokens of its query, its logits window the token
+before them and the drafts: a verify row's whole query (its last committed token, then its
+spec_width drafts); a prefill's last token, and after a preemption the drafts the request held
+then (engine/scheduler.py `resume_drafts`), verified after its recomputed history.
 """
 from dataclasses import dataclass, replace
 
 from engine.config import EngineConfig
 from engine.policy import RunnerPolicy
 from engine.request import Request
-from engine.scheduler import ScheduledBatch
+from engine.scheduler import ScheduledBatch, resume_drafts
 from engine.tokenizer import PAD_ID
 
 
@@ -29,10 +34,16 @@ class RowPlan:
     block_table: list[int]          # padded with the sink block to the table width
     device_fed: bool = False
     refusal: str | None = None      # why the row is fed from the host (async runner)
+    resumed_drafts: int = 0         # a prefill's draft slots after its history (resume_drafts)
 
     @property
     def query_len(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def draft_slots(self) -> int:
+        """Query tokens at the row's end that take the drafts the request holds, all verified."""
+        return self.resumed_drafts if self.is_prefill else self.spec_width
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class StepPlan:
 class StepPlanner:
     def __init__(self, cfg: EngineConfig):
         self.k = cfg.k
+        self.max_model_len = cfg.max_model_len
         self.block_size = cfg.block_size
         self.table_width = cfg.blocks_per_seq
         self.sink_block = cfg.total_kv_blocks  # an extra block that padding writes into
@@ -82,9 +94,10 @@ class StepPlanner:
         known = dict(request=req, slot=req.slot, is_prefill=prefill, spec_width=width, device_fed=fed,
                      refusal=refusal, block_table=self._table(req.block_ids))
         if prefill:
-            tokens = list(req.all_token_ids)
+            drafts = resume_drafts(req, self.k, self.max_model_len)
+            tokens = list(req.all_token_ids) + [PAD_ID] * drafts  # the device supplies the drafts
             return RowPlan(token_ids=tokens, positions=list(range(len(tokens))), seq_len=len(tokens),
-                           num_logits=1, **known)
+                           num_logits=1 + drafts, resumed_drafts=drafts, **known)
         if fed:  # placeholders: the device state supplies the last token, positions and length
             return RowPlan(token_ids=[PAD_ID] * (1 + width), positions=[0] * (1 + width), seq_len=0,
                            num_logits=1 + width, **known)

@@ -27,10 +27,17 @@ class RequestTrace:
     sampled: list[int]            # accepted drafts then the correction/bonus token
     slot: int = -1                # the device state slot the row ran in
     block_table: list[int] = field(default_factory=list)  # its KV blocks, padded with the sink block
+    draft_slots: int = 0          # query tokens at the end that took drafts (a resumed prefill's too)
 
     @property
     def emit_count(self) -> int:
         return self.num_accepted + 1
+
+    @property
+    def window_position(self) -> int:
+        """Position of the last committed token, where the logits window starts: a verify row's
+        first, a prefill's last before its draft slots. Token j of `sampled` lands one past it + j."""
+        return self.positions[-1 - self.draft_slots] if self.is_prefill else self.positions[0]
 
 
 @dataclass
@@ -63,5 +70,5 @@ def trace_step(plan: StepPlan, out: StepOutputs, results: list[StepResult], rout
             logits_indices=logits_indices[cu[r]:cu[r + 1]], query_start=qsl[r],
             draft_token_ids=drafts[r][:result.num_draft], num_draft=result.num_draft,
             num_accepted=result.num_accepted, sampled=result.emitted, slot=row.slot,
-            block_table=list(row.block_table)))
+            block_table=list(row.block_table), draft_slots=row.draft_slots))
     return record

@@ -111,7 +111,7 @@ def step_of(trace: list[StepTrace], request_id: int, position: int) -> int | Non
         for rec in step.requests:
             if rec.request_id != request_id:
                 continue
-            first = len(rec.input_ids) if rec.is_prefill else rec.positions[0] + 1
+            first = rec.window_position + 1
             if first <= position < first + rec.emit_count:
                 return step.step
     return None

@@ -118,7 +118,7 @@ def acceptance_pit_values(model, outputs, params, trace, seed: int = 1) -> np.nd
     steps: dict[int, list] = {}
     for step in trace:
         for r in step.requests:
-            if not r.is_prefill and r.num_draft:
+            if r.num_draft:  # a verify row, or a resumed prefill verifying the drafts it held
                 steps.setdefault(r.request_id, []).append(r)
     values = []
     for out, sp in zip(outputs, params):
@@ -126,7 +126,7 @@ def acceptance_pit_values(model, outputs, params, trace, seed: int = 1) -> np.nd
             continue
         p = sequence_probs(model, out, sp)
         for r in steps[out.request_id]:
-            s = r.positions[0]  # the last committed token; draft j is token s + 1 + j
+            s = r.window_position  # the last committed token; draft j is token s + 1 + j
             for j in range(min(r.num_accepted + 1, r.num_draft)):
                 if s + j >= p.shape[0]:
                     break

@@ -5,7 +5,8 @@ must agree: every emitted token traced, every counter the sum of its trace recor
 step starting where the last one ended. And two references need no second run:
 
 - the logits window: a verify row gathers its num_draft + 1 logits from its query start
-  (a window that falls back to the query's end is reason A);
+  (a window that falls back to the query's end is reason A); a prefill its last token and the
+  draft slots after it (a resumed request verifies the drafts it held when preempted);
 - greedy acceptance: with temperature 0, the target's choice at each position is the token the
   run finally emitted there (verify is lossless), so a step from position s accepts exactly the
   longest prefix of its drafts that matches the output from s + 1. A stale draft or a logit
@@ -37,8 +38,9 @@ def real_records(trace, outputs) -> dict[int, list[tuple[int, RequestTrace]]]:
 
 
 def width(rec: RequestTrace) -> int:
-    """Drafts this record's row could verify (its spec width); 0 for a prefill."""
-    return 0 if rec.is_prefill else len(rec.input_ids) - 1
+    """Drafts this record's row could verify: a verify row's spec width (its query after the last
+    committed token); a prefill's draft slots (0, or the drafts a resumed request held)."""
+    return rec.draft_slots if rec.is_prefill else len(rec.input_ids) - 1
 
 
 def trace_consistency(outputs, trace) -> Difference | None:
@@ -57,7 +59,7 @@ def trace_consistency(outputs, trace) -> Difference | None:
         checks = [
             ("num_prefills", len(prefills), stats.num_prefills),
             ("completion tokens = sum of emit counts - truncated",
-             sum(r.emit_count for _, r in recs if not r.is_prefill) + len(prefills) - stats.num_truncated, n),
+             sum(r.emit_count for _, r in recs) - stats.num_truncated, n),
             ("emitted tokens", emitted[:n], list(out.token_ids)),
             ("verify_steps", len(verify), stats.verify_steps),
             ("num_drafts", sum(1 for _, r in verify if r.num_draft > 0), stats.num_drafts),
@@ -101,31 +103,32 @@ def _record_shape(rid: int, recs) -> Difference | None:
 
 def _continuity(rid: int, recs) -> Difference | None:
     """Each real step starts where the previous one left the request: a verify step from the
-    position of the last committed token, a prefill (resume) over the whole history."""
+    position of the last committed token, a prefill (resume) over the whole history, then its
+    draft slots."""
     committed_through = None  # position of the request's last committed token
     for step, r in recs:
         if committed_through is not None:
-            if r.is_prefill and len(r.input_ids) != committed_through + 1:
-                return Difference("resumed prefill length", step, rid, 0, committed_through + 1, len(r.input_ids))
+            if r.is_prefill and len(r.input_ids) - width(r) != committed_through + 1:
+                return Difference("resumed prefill length", step, rid, 0, committed_through + 1,
+                                  len(r.input_ids) - width(r))
             if not r.is_prefill and r.positions[0] != committed_through:
                 return Difference("verify start position", step, rid, r.positions[0], committed_through,
                                   r.positions[0])
-        committed_through = (len(r.input_ids) if r.is_prefill else r.positions[0] + r.emit_count)
+        committed_through = r.window_position + r.emit_count
     return None
 
 
 def logits_window_difference(trace: list[StepTrace]) -> Difference | None:
     """Reason A: a verify row's logits window must be its query's rows from the query start,
-    num_draft + 1 of them at least (all 1 + width, as planned); a prefill row's, its last token."""
+    num_draft + 1 of them at least (all 1 + width, as planned); a prefill row's, its last token
+    before its draft slots, and those."""
     for step in trace:
         for r in step.requests:
             window = list(r.logits_indices)
-            if r.is_prefill:
-                expected = [r.query_start + len(r.input_ids) - 1]
-            else:
-                expected = list(range(r.query_start, r.query_start + len(r.input_ids)))
-            if window != expected or (not r.is_prefill and len(window) < r.num_draft + 1):
-                return Difference("logits window", step.step, r.request_id, r.positions[0], expected, window)
+            end = r.query_start + len(r.input_ids)
+            expected = list(range(end - 1 - width(r), end) if r.is_prefill else range(r.query_start, end))
+            if window != expected or len(window) < r.num_draft + 1:
+                return Difference("logits window", step.step, r.request_id, r.window_position, expected, window)
     return None
 
 
@@ -138,9 +141,9 @@ def acceptance_difference(outputs, trace, greedy_ids: set[int]) -> Difference | 
             continue
         sequence = list(out.prompt_token_ids) + list(out.token_ids)
         for step, r in real.get(out.request_id, []):
-            if r.is_prefill:
+            if r.is_prefill and width(r) == 0:
                 continue
-            s = r.positions[0]
+            s = r.window_position
             known = sequence[s + 1:s + 1 + r.num_draft]
             match = next((j for j, (d, t) in enumerate(zip(r.draft_token_ids, known)) if d != t), len(known))
             exact = match < len(known) or len(known) == r.num_draft
@@ -170,7 +173,7 @@ def ngram_draft_difference(outputs, trace, min_n: int = 1, max_n: int = 3) -> Di
         for step, r in real.get(out.request_id, []):
             if width(r) == 0:
                 continue
-            s = r.positions[0]
+            s = r.window_position
             expected = ngram_drafts(sequence[:s + 1], width(r), min_n, max_n)
             if list(r.draft_token_ids) != expected:
                 return Difference("ngram drafts", step, out.request_id, s, expected, list(r.draft_token_ids))

@@ -81,5 +81,5 @@ def test_a_step_trace_records_route_padding_and_every_request(is_async, arm, num
         RequestTrace(request_id=12, is_prefill=False, device_fed=True, refusal=None, input_ids=[40, 41, 42],
                      positions=[5, 6, 7], seq_len=8, logits_indices=[3, 4, 5], query_start=3,
                      draft_token_ids=[41, 42], num_draft=2, num_accepted=1, sampled=[41, 77], slot=1,
-                     block_table=[1]),
+                     block_table=[1], draft_slots=2),
     ])

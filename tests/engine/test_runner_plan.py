@@ -56,7 +56,7 @@ def fields(p):
     rows = p.rows
     return dict(arm=p.arm, slots=[r.slot for r in rows], is_prefill=[r.is_prefill for r in rows],
                 spec_width=[r.spec_width for r in rows], query_lens=[r.query_len for r in rows],
-                num_logits=[r.num_logits for r in rows],
+                num_logits=[r.num_logits for r in rows], draft_slots=[r.draft_slots for r in rows],
                 host_token_ids=[t for r in rows for t in r.token_ids],
                 host_positions=[q for r in rows for q in r.positions], host_seq_lens=[r.seq_len for r in rows],
                 device_fed=[r.device_fed for r in rows], refusals=[r.refusal for r in rows],
@@ -78,7 +78,7 @@ def test_sync_plan_feeds_every_row_from_the_host():
     tw = runner.planner.table_width
     assert fields(p) == dict(
         arm="eager", slots=[0, 2], is_prefill=[True, False], spec_width=[K, K],
-        query_lens=[3, 1 + K], num_logits=[1, 1 + K],
+        query_lens=[3, 1 + K], num_logits=[1, 1 + K], draft_slots=[0, K],
         host_token_ids=[1, 2, 3, 7, PAD_ID, PAD_ID],   # last committed token, then draft placeholders
         host_positions=[0, 1, 2, 2, 3, 4], host_seq_lens=[3, 3 + K],
         device_fed=[False, False], refusals=[None, None],  # the sync runner refuses nothing
@@ -98,13 +98,34 @@ def test_async_plan_feeds_decode_rows_from_the_device_and_says_why_others_are_no
     assert f["device_fed"] == [False, False, True, False]
     assert f["refusals"] == [REFUSE_PREFILL, REFUSE_RESUMED, None, REFUSE_HOST_HISTORY]
     assert f["spec_width"] == [K, K, K, 0]
-    assert f["query_lens"] == [2, 3, 1 + K, 1] and f["num_logits"] == [1, 1, 1 + K, 1]
+    # The resumed prefill verifies the K drafts it held when preempted, after its history: its
+    # logits window is its last committed token and those K draft slots.
+    assert f["query_lens"] == [2, 3 + K, 1 + K, 1] and f["num_logits"] == [1, 1 + K, 1 + K, 1]
+    assert f["draft_slots"] == [0, K, K, 0]
     # A device-fed row carries placeholders only: its ids, positions and length come from the
     # device state (the host's view of the request is a step behind).
-    assert f["host_token_ids"] == [1, 2, 3, 4, 5] + [PAD_ID] * (1 + K) + [13]
-    assert f["host_positions"] == [0, 1, 0, 1, 2] + [0] * (1 + K) + [3]
-    assert f["host_seq_lens"] == [2, 3, 0, 4]
+    assert f["host_token_ids"] == [1, 2, 3, 4, 5] + [PAD_ID] * K + [PAD_ID] * (1 + K) + [13]
+    assert f["host_positions"] == [0, 1, 0, 1, 2, 3, 4] + [0] * (1 + K) + [3]
+    assert f["host_seq_lens"] == [2, 3 + K, 0, 4]
     assert f["max_context_len"] == 3 * BLOCK and f["arm"] == "eager"
+
+
+@pytest.mark.parametrize("prompt_len, held", [(MAX_LEN - 1 - K, K), (MAX_LEN - 2, 1), (MAX_LEN - 3, 2)])
+def test_a_resumed_prefill_carries_the_drafts_it_held_up_to_the_end_of_its_context(prompt_len, held):
+    """A token past max_model_len is never emitted, so a resume near the end carries fewer draft
+    slots: its query never outgrows the context (nor the token budget, which holds one)."""
+    runner = make_runner()
+    resumed = req(0, range(prompt_len), output=[5], blocks=[0, 1, 2, 3], slot=0, resumed=True)
+    f = fields(plan(runner, [(resumed, True)]))
+    n = prompt_len + 1
+    assert f["query_lens"] == [n + held] and f["num_logits"] == [1 + held] and f["draft_slots"] == [held]
+    assert f["host_token_ids"] == list(range(prompt_len)) + [5] + [PAD_ID] * held
+    assert f["host_positions"] == list(range(n + held)) and f["host_seq_lens"] == [n + held]
+    assert n + held <= MAX_LEN
+    # a request that needs its history on the host drafts nothing, so it held nothing
+    host = req(1, range(prompt_len), output=[5], blocks=[0], slot=1, resumed=True, logits_processors=[keep])
+    f = fields(plan(runner, [(host, True)]))
+    assert f["query_lens"] == [n] and f["num_logits"] == [1] and f["draft_slots"] == [0]
 
 
 def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
@@ -116,7 +137,7 @@ def test_graph_plan_pads_a_uniform_decode_step_to_its_bucket():
     assert p.num_rows == 4 and len(p.requests) == 3  # bucket 4 of [1, 2, 4, 8]
     assert fields(p) == dict(
         arm="graph", slots=[0, 1, 2, runner.planner.padding_slot], is_prefill=[False] * 4, spec_width=[K] * 4,
-        query_lens=[width] * 4, num_logits=[width] * 4,
+        query_lens=[width] * 4, num_logits=[width] * 4, draft_slots=[K] * 4,
         host_token_ids=[4, PAD_ID, PAD_ID, 5, PAD_ID, PAD_ID, 6, PAD_ID, PAD_ID] + [PAD_ID] * width,
         host_positions=[3, 4, 5] * 3 + list(range(width)), host_seq_lens=[4 + K] * 3 + [width],
         device_fed=[False] * 4, refusals=[None] * 4,
@@ -183,7 +204,7 @@ def test_upload_gives_padding_rows_greedy_params_and_fixed_dtypes():
     inp = runner._upload(plan(runner, rows))
     dtypes = {name: t.dtype for name, t in named(inp).items()}
     assert dtypes == dict(slots=torch.long, query_lens=torch.long, spec_width=torch.long, num_logits=torch.long,
-                          device_fed=torch.long, is_prefill=torch.long, host_token_ids=torch.long,
+                          device_fed=torch.long, draft_slots=torch.long, host_token_ids=torch.long,
                           host_positions=torch.long, host_seq_lens=torch.long, block_tables=torch.long,
                           temperature=torch.float32, top_k=torch.long, top_p=torch.float32, keys=torch.long)
     assert inp.block_tables.shape == (3, runner.planner.table_width)

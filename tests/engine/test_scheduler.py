@@ -35,7 +35,12 @@ def make_request(request_id: int, prompt_len: int, max_tokens: int, arrival_step
 
 
 def query_len(sched: Scheduler, req: Request, prefill: bool) -> int:
-    return req.num_tokens if prefill else 1 + sched.spec_width(req)
+    """A prefill recomputes the request's history and, resumed, carries the drafts it held when
+    preempted: k of them, fewer where the context ends first; a decode or verify row, 1 + k."""
+    if prefill:
+        held = min(sched.spec_width(req), sched.cfg.max_model_len - req.num_tokens) if req.is_resumed else 0
+        return req.num_tokens + held
+    return 1 + sched.spec_width(req)
 
 
 def emulate_step(sched: Scheduler, batch, num_new=lambda req, width: 1) -> list[Request]:
@@ -111,6 +116,7 @@ class CheckedScheduler:
     def step(self) -> None:
         sched, cfg = self.sched, self.cfg
         running_before, waiting_before = list(sched.running), list(sched.waiting)
+        slot_before = {r.request_id: r.slot for r in running_before}
         head_arrived = bool(waiting_before) and waiting_before[0].arrival_step <= sched.step
         batch = sched.schedule()
         lens = [query_len(sched, r, p) for r, p in zip(batch.requests, batch.is_prefill)]
@@ -125,6 +131,8 @@ class CheckedScheduler:
         assert victims == running_before[::-1][:len(victims)]
         for v in victims:
             assert v.status is Status.WAITING and v.block_ids == [] and v.slot is None
+        # the slot each victim left: the engine copies the drafts it held from there
+        assert batch.preempted_slots == [slot_before[v.request_id] for v in victims]
         self.num_preempted += len(victims)
         # Admission is a prefix of the queue, preempted requests at its front: FCFS, and a
         # preempted request resumes before anything that was queued behind it.
@@ -133,7 +141,10 @@ class CheckedScheduler:
         assert admitted == queue[:len(admitted)]
         assert all(r.arrival_step <= batch.step for r in admitted)
         for r in admitted:
-            assert lens[batch.requests.index(r)] == r.num_tokens  # a resumed request recomputes all
+            # a resumed request recomputes all, then verifies the drafts it held, within its context
+            held = lens[batch.requests.index(r)] - r.num_tokens
+            assert held == (min(sched.spec_width(r), cfg.max_model_len - r.num_tokens) if r.is_resumed else 0)
+            assert r.num_tokens + held <= cfg.max_model_len
             if r.stats.num_preemptions == 0:
                 self.first_admitted.append(r.request_id)
         # Progress: with anything runnable, the step runs something.

@@ -10,7 +10,9 @@ and whole sampled engine runs emit it too (randomized PIT of the tokens, and for
 drafter of its accept decisions, see gates/distribution.py), while the
 same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
 A seeded sampled run is also the same on both runners and in the graph arm, token for token, so
-the distribution test covers the graph arm's output too. Sampled requests without a seed take
+the distribution test covers the graph arm's output too; and a seeded request's tokens and
+acceptance counters are the same alone and batched, with and without preemption, on every
+drafter and plain (gates/seeded.py). Sampled requests without a seed take
 their keys from the engine's seed: reproducible under the same engine seed (and runner), different
 under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
 bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 
 from engine import SamplingParams
 from engine.verify import verify
-from gates import distribution
+from gates import distribution, seeded
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
 from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
@@ -43,7 +45,9 @@ CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", 
           "sampled graph arm", "logits processor", "top-k bound", "top-p bound",
           "block drafter q checked on a sampled row",
           "block drafter q negative control failed", "bfloat16 engine", "bfloat16 drafts accepted",
-          "unseeded sampled requests keyed by the engine seed")
+          "unseeded sampled requests keyed by the engine seed", "seeded sampled preemption (sync runner)",
+          "seeded sampled preemption (async runner)", "seeded resume verified drafts it held",
+          "seeded sampled batch")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
@@ -221,6 +225,29 @@ def test_unseeded_sampled_requests_take_their_keys_from_the_engine_seed(make_llm
         "unseeded sampled tokens under engine seeds 0 and 1 (the engine seed did not key them)", None, None, None,
         "different tokens", "the same tokens"), "engine seed 1 vs 0")
     gate_record.occurred("unseeded sampled requests keyed by the engine seed", differs)
+
+
+@pytest.mark.parametrize("drafter", ("plain", *DRAFTERS))
+def test_a_seeded_request_draws_its_tokens_alone_batched_and_preempted_alike(make_llm, gate_record, drafter):
+    """Token for token and counter for counter, every arm of gates/seeded.py against the requests
+    run one at a time; the preempted arms must preempt, and a resume verify the drafts it held."""
+    alone = None
+    for arm, engine in seeded.ARMS.items():
+        r = run(make_llm, seeded.WORKLOAD, **seeded.engine_options(drafter), **engine)
+        gate_record.case(seeded=arm, drafter=drafter, num_reqs=seeded.WORKLOAD.num_reqs, **engine)
+        if arm == seeded.ALONE:
+            assert max(s.num_reqs for s in r.trace) == 1 and r.num_preemptions == 0, "the reference ran a batch"
+            alone = r
+            continue
+        gate_record.check(token_difference({o.request_id: o.token_ids for o in alone.outputs}, r),
+                          f"{drafter} {arm}: seeded sampled tokens vs each request alone")
+        gate_record.check(seeded.counters_difference(alone, r), f"{drafter} {arm}: acceptance counters vs alone")
+        assert (r.num_preemptions > 0) == ("preempted" in arm), f"{arm}: {r.num_preemptions} preemptions"
+        gate_record.occurred(f"seeded sampled preemption ({'async' if r.is_async else 'sync'} runner)",
+                             r.num_preemptions > 0)
+        gate_record.occurred("seeded resume verified drafts it held", seeded.resumes_with_drafts(r) > 0)
+        gate_record.occurred("seeded sampled batch", max(s.num_reqs for s in r.trace) > 1)
+        gate_record.occurred("sampled graph arm", any(route.endswith("/graph") for route in r.routes))
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLING))

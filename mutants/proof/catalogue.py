@@ -210,6 +210,24 @@ DEFECTS = (
            "reproducible, but every engine seed gives the same tokens (seeded gate workloads never drew "
            "from it).",
            ("lossless",)),
+    # ---- seeded reproducibility (lossless: alone, batched and preempted alike) ---------------------
+    Defect("resume-drops-held-drafts",
+           "A resume that only recomputes the history: the drafts a request held when it was preempted are "
+           "dropped, so its resume point is drawn straight from p where the unpreempted run verified a draft "
+           "there (and the block drafter's next block starts elsewhere, with another q): a seeded request's "
+           "tokens change with preemption while staying distributed as the target (issue 34's finding).",
+           ("lossless",)),
+    Defect("resume-restarts-the-random-stream",
+           "The random numbers of a row counted from its query's first token: right for every decode and "
+           "verify row, but a prefill's start at position 1, so a resumed request's accept decisions and its "
+           "token are drawn with the counters of positions it drew long ago (a stream that restarts on "
+           "resume); every token stays distributed as the target, greedy runs are unchanged.",
+           ("lossless",)),
+    Defect("seed-key-by-state-slot",
+           "A random stream per state slot: the request's key offset by the slot it runs in (per-row "
+           "generators), so a seeded request's tokens depend on which slot the batch gave it: the same on "
+           "both runners and arms (the slots are), different alone and batched or after a resume.",
+           ("lossless",)),
     # ---- what transformers computes (the oracle gate) ---------------------------------------------
     Defect("rotary-frequencies-in-bfloat16",
            "Rope angles computed from inv_freq cast to the activations' dtype, so a bfloat16 engine rounds the "

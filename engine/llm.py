@@ -246,9 +246,9 @@ class LLM:
             req = row.request
             if req.is_finished:
                 continue  # the device ran past this request's end; nothing more is emitted
-            if row.is_prefill:
-                req.record_prefill()
-            if row.draft_slots > 0:  # a verify step, or a resume that verified its drafts
+            if row.is_prefill:  # a resume verified the drafts it held, if any
+                req.record_prefill(result.num_draft, result.num_accepted)
+            elif row.spec_width > 0:
                 req.record_verify(result.num_draft, result.num_accepted)
             produced = result.emitted
             for i, token in enumerate(produced):

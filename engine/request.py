@@ -17,7 +17,7 @@ class Status(enum.Enum):
 @dataclass
 class RequestStats:
     """Per-request acceptance counters, in the units vLLM and SGLang use (see engine/bench/metrics.py)."""
-    num_drafts: int = 0            # verify steps that carried at least one draft token
+    num_drafts: int = 0            # steps that verified at least one draft token (a resume's too)
     num_draft_tokens: int = 0      # real (unpadded) draft tokens verified
     num_accepted_tokens: int = 0
     verify_steps: int = 0          # every forward that produced tokens for this request after prefill
@@ -67,12 +67,18 @@ class Request:
         """Planned into a prefill step: after it the device holds the request's history."""
         self.needs_prefill = self.is_resumed = False
 
-    def record_prefill(self) -> None:
+    def record_prefill(self, num_draft: int, num_accepted: int) -> None:
+        """A forward over the history: it emits one token, and a resume also the drafts it held
+        and accepted (so completion = prefills + verify steps + accepted - truncated holds)."""
         self.stats.num_prefills += 1
+        self._record_drafts(num_draft, num_accepted)
 
     def record_verify(self, num_draft: int, num_accepted: int) -> None:
+        self.stats.verify_steps += 1
+        self._record_drafts(num_draft, num_accepted)
+
+    def _record_drafts(self, num_draft: int, num_accepted: int) -> None:
         s = self.stats
-        s.verify_steps += 1
         if num_draft:
             s.num_drafts += 1
             s.num_draft_tokens += num_draft

@@ -27,15 +27,16 @@ CONCURRENCIES, LEGS, WARMUP_LEGS = (1, 4), 3, 1
 def expected_acceptance(outputs, trace) -> dict:
     """A leg's acceptance recomputed from its trace records, with the units' own formulas."""
     real = real_records(trace, outputs)
-    verify = [r for recs in real.values() for _, r in recs if width(r) > 0]
+    drafting = [r for recs in real.values() for _, r in recs if width(r) > 0]  # a resume's drafts count too
+    verify = [r for r in drafting if not r.is_prefill]
     prefills = sum(r.is_prefill for recs in real.values() for _, r in recs)
     emitted = sum(len(r.sampled) for recs in real.values() for _, r in recs)
     completion = sum(len(o.token_ids) for o in outputs)
-    drafts = sum(1 for r in verify if r.num_draft)
-    draft_tokens = sum(r.num_draft for r in verify)
-    accepted = sum(r.num_accepted for r in verify)
-    per_position = [sum(1 for r in verify if r.num_accepted > j)
-                    for j in range(max((r.num_draft for r in verify), default=0))]
+    drafts = sum(1 for r in drafting if r.num_draft)
+    draft_tokens = sum(r.num_draft for r in drafting)
+    accepted = sum(r.num_accepted for r in drafting)
+    per_position = [sum(1 for r in drafting if r.num_accepted > j)
+                    for j in range(max((r.num_draft for r in drafting), default=0))]
     return {"num_requests": len(outputs), "completion_tokens": completion, "verify_steps": len(verify),
             "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
             "accepted_per_position": per_position,

@@ -51,7 +51,8 @@ def trace_consistency(outputs, trace) -> Difference | None:
         diff = _record_shape(rid, recs) or _continuity(rid, recs)
         if diff:
             return diff
-        verify = [(s, r) for s, r in recs if width(r) > 0]
+        drafting = [(s, r) for s, r in recs if width(r) > 0]  # verify steps, and resumes verifying held drafts
+        verify = [(s, r) for s, r in drafting if not r.is_prefill]
         prefills = [r for _, r in recs if r.is_prefill]
         emitted = [t for _, r in recs for t in r.sampled]
         last_step = recs[-1][0] if recs else None
@@ -62,10 +63,10 @@ def trace_consistency(outputs, trace) -> Difference | None:
              sum(r.emit_count for _, r in recs) - stats.num_truncated, n),
             ("emitted tokens", emitted[:n], list(out.token_ids)),
             ("verify_steps", len(verify), stats.verify_steps),
-            ("num_drafts", sum(1 for _, r in verify if r.num_draft > 0), stats.num_drafts),
-            ("num_draft_tokens", sum(r.num_draft for _, r in verify), stats.num_draft_tokens),
-            ("num_accepted_tokens", sum(r.num_accepted for _, r in verify), stats.num_accepted_tokens),
-            ("accepted_per_position", _per_position(verify), _trimmed(stats.accepted_per_position)),
+            ("num_drafts", sum(1 for _, r in drafting if r.num_draft > 0), stats.num_drafts),
+            ("num_draft_tokens", sum(r.num_draft for _, r in drafting), stats.num_draft_tokens),
+            ("num_accepted_tokens", sum(r.num_accepted for _, r in drafting), stats.num_accepted_tokens),
+            ("accepted_per_position", _per_position(drafting), _trimmed(stats.accepted_per_position)),
         ]
         for what, expected, actual in checks:
             if expected != actual:

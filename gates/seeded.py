@@ -32,10 +32,15 @@ def engine_options(drafter: str) -> dict:
 
 def counters_difference(expected, actual) -> Difference | None:
     """Each request's acceptance counters (engine/request.py RequestStats) against the reference
-    run's, apart from what preemption itself counts (preemptions and the prefills they cost)."""
+    run's, apart from what preemption itself counts: its preemptions, and the prefills they cost,
+    each a resume that verified the drafts the reference verified in a verify step."""
     want = {o.request_id: o.stats for o in expected.outputs}
     for out in sorted(actual.outputs, key=lambda o: o.request_id):
-        a, e = (dataclasses.replace(s, num_preemptions=0, num_prefills=0) for s in (out.stats, want[out.request_id]))
+        resumes = sum(1 for s in actual.trace for r in s.requests
+                      if r.request_id == out.request_id and r.is_prefill and r.draft_slots)
+        a = dataclasses.replace(out.stats, num_preemptions=0, num_prefills=0,
+                                verify_steps=out.stats.verify_steps + resumes)
+        e = dataclasses.replace(want[out.request_id], num_preemptions=0, num_prefills=0)
         if a != e:
             return Difference("acceptance counters", None, out.request_id, None, e, a)
     return None

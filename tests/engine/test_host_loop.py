@@ -129,6 +129,19 @@ def test_record_verify_grows_per_position_counts_to_the_longest_draft():
     assert (stats.verify_steps, stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (4, 3, 9, 6)
 
 
+def test_a_resume_counts_a_prefill_and_the_drafts_it_held_not_a_verify_step():
+    """A resumed prefill emits 1 + accepted tokens, so counting it a prefill (one token) and its
+    accepted drafts keeps completion = prefills + verify steps + accepted - truncated."""
+    stats = RequestStats()
+    req = Request(0, [1], SamplingParams(), 0, stats=stats)
+    req.record_prefill(0, 0)
+    req.record_verify(3, 1)
+    req.record_prefill(3, 2)  # a resume that verified three drafts it held, accepting two
+    req.record_prefill(0, 0)  # a resume that held none
+    assert (stats.num_prefills, stats.verify_steps, stats.num_drafts, stats.num_draft_tokens,
+            stats.num_accepted_tokens, stats.accepted_per_position) == (3, 1, 2, 6, 3, [2, 1, 0])
+
+
 def test_async_runner_reads_blocking_while_a_request_needs_host_history(target_dir):
     """A logits processor needs the request's whole output, so the async runner finishes the
     step in flight before it schedules the next: every read is a blocking one."""

@@ -25,8 +25,10 @@ def run(make_llm, drafter, num_kv_blocks, async_runner):
 
 
 def counters(stats):
-    """What a request's acceptance looks like, whatever preemption did to it."""
-    return dataclasses.replace(stats, num_preemptions=0, num_prefills=0)
+    """What a request's acceptance looks like, whatever preemption did to it: each resume (a
+    prefill) verified the drafts the unpreempted run verified in a verify step."""
+    return dataclasses.replace(stats, num_preemptions=0, num_prefills=0,
+                               verify_steps=stats.verify_steps + stats.num_preemptions)
 
 
 @pytest.mark.parametrize("async_runner", [False, True], ids=["sync", "async"])
@@ -40,6 +42,8 @@ def test_a_preempted_seeded_request_draws_the_tokens_it_draws_unpreempted(make_l
         assert t.token_ids == f.token_ids, f"request {t.request_id}: preemption changed its tokens"
         assert counters(t.stats) == counters(f.stats), f"request {t.request_id}: preemption changed its acceptance"
         assert t.stats.num_prefills == 1 + t.stats.num_preemptions
+        s = t.stats
+        assert len(t.token_ids) == s.num_prefills + s.verify_steps + s.num_accepted_tokens - s.num_truncated
     # Each resume verified, after its history, the drafts the unpreempted run verified from the
     # same position, and drew the same tokens from them.
     unpreempted = {(r.request_id, r.window_position): r for s in free_llm.trace for r in s.requests

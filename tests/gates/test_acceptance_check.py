@@ -46,6 +46,19 @@ def test_a_leg_s_acceptance_is_recomputed_from_its_real_trace_records_in_both_un
     assert expected_acceptance(*k1_leg()) == K1_EXPECTED
 
 
+def test_a_resume_s_drafts_count_and_it_is_a_prefill_not_a_verify_step():
+    """Request 1 of k1_leg preempted after its first verify step: its resume recomputes [5, 6, 6]
+    and verifies the draft it held (rejected, the correction 4). The identity still holds."""
+    outputs, trace = k1_leg()
+    trace[2].requests[1] = record(1, 0, [5, 6, 6, 9], [9], 0, [4], prefill=True, draft_slots=1)
+    outputs[1].stats = RequestStats(num_drafts=2, num_draft_tokens=2, verify_steps=1, num_prefills=2,
+                                    num_preemptions=1)
+    expected = {**K1_EXPECTED, "verify_steps": 2, "num_drafts": 3, "num_draft_tokens": 3,
+                "mean_acceptance_length": 1.3333, "acceptance_rate": 0.3333, "accept_length": 2.5, "_prefills": 3}
+    assert expected_acceptance(outputs, trace) == expected
+    assert acceptance_difference(0, {k: v for k, v in expected.items() if not k.startswith("_")}, expected) is None
+
+
 def test_a_leg_without_verify_steps_has_the_units_empty_values():
     trace = [StepTrace(0, "sync/eager", requests=[record(0, 0, [7], sampled=[10], prefill=True)])]
     outputs = [RequestOutput(0, None, [7], [10], "", "length", RequestStats(num_prefills=1))]

@@ -111,6 +111,45 @@ def test_greedy_acceptance_judges_only_the_greedy_requests_and_skips_those_witho
     assert acceptance_difference(outputs, trace, {2}) is None
 
 
+def resumed_run() -> tuple[list[RequestOutput], list[StepTrace]]:
+    """run()'s first two steps, then a preemption: the resume recomputes positions 0-5 and
+    verifies the two drafts the request held, [13, 15] from position 5; 13 is accepted and the
+    correction 14 ends it. One prefill more, one verify step fewer than without the preemption."""
+    outputs, trace = run()
+    resume = record(prefill=True, ids=[*PROMPT, 10, 11, 12, 13, 15], drafts=[13, 15], accepted=1, sampled=[13, 14],
+                    draft_slots=2)
+    trace = trace[:2] + [StepTrace(2, "sync/eager", requests=[resume])]
+    outputs[0].stats = RequestStats(num_drafts=2, num_draft_tokens=4, num_accepted_tokens=2, verify_steps=1,
+                                    num_prefills=2, num_preemptions=1, accepted_per_position=[2])
+    return outputs, trace
+
+
+def test_a_resume_that_verifies_the_drafts_it_held_passes_every_check_at_its_window():
+    outputs, trace = resumed_run()
+    resume = trace[2].requests[0]
+    assert resume.window_position == 5 and resume.logits_indices == [5, 6, 7]
+    assert trace_consistency(outputs, trace) is None
+    assert acceptance_difference(outputs, trace, {0}) is None
+    assert logits_window_difference(trace) is None
+    resume.num_accepted = 2   # greedy: 15 is not the output's token at position 7
+    assert acceptance_difference(outputs, trace, {0}) == Difference(GREEDY, 2, 0, 5, 1, 2)
+    # prompt lookup from position 5 finds no earlier 12: a resume's drafts are judged at its window
+    assert ngram_draft_difference(outputs, [trace[0], trace[2]]) == Difference("ngram drafts", 2, 0, 5, [], [13, 15])
+
+
+def test_a_resume_counted_a_verify_step_or_cut_short_or_gathered_at_its_end_is_red():
+    outputs, trace = resumed_run()
+    outputs[0].stats.verify_steps = 2
+    assert trace_consistency(outputs, trace) == Difference("verify_steps", 2, 0, None, 1, 2)
+    outputs, trace = resumed_run()
+    resume = trace[2].requests[0]
+    resume.input_ids, resume.positions = resume.input_ids[1:], resume.positions[1:]  # one history token short
+    assert trace_consistency(outputs, trace) == Difference("resumed prefill length", 2, 0, 0, 6, 5)
+    outputs, trace = resumed_run()
+    trace[2].requests[0].logits_indices = [7]  # the window of a prefill that carried no drafts
+    assert logits_window_difference(trace) == Difference("logits window", 2, 0, 5, [5, 6, 7], [7])
+
+
 def test_a_window_that_covers_the_row_but_not_its_drafts_is_red():
     """num_draft + 1 rows at least: a row that claims more drafts than its query fed."""
     outputs, trace = run()

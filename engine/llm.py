@@ -137,7 +137,7 @@ class LLM:
         in_flight = self._in_flight.plan.requests if self._in_flight is not None else []
         for req in reqs:
             self.scheduler.abort(req, self.scheduler.step, in_flight=any(req is r for r in in_flight))
-            self.runner.forget_drafts(req.request_id)
+            self.runner.state.forget_drafts(req.request_id)
             self._touched[req.request_id] = req
         return [self.output(req) for req in reqs]
 
@@ -187,7 +187,7 @@ class LLM:
         self.clock.start()
         batch = self.scheduler.schedule()
         for req, slot in zip(batch.preempted, batch.preempted_slots):
-            self.runner.keep_drafts(req.request_id, slot)
+            self.runner.state.keep_drafts(req.request_id, slot)
         self._check_progress(batch)
         launched = self._launch(batch) if batch.requests else None
         previous, self._in_flight = self._in_flight, launched
@@ -214,7 +214,7 @@ class LLM:
         for req, prefill in zip(batch.requests, batch.is_prefill):
             if prefill:
                 if req.is_resumed:
-                    self.runner.resume_drafts(req.request_id, req.slot)
+                    self.runner.state.resume_drafts(req.request_id, req.slot)
                 req.start_prefill()
                 self.runner.proposer.admit(req.slot, req.prompt_token_ids, req.rng_key)
         flight = self.runner.launch(plan, self.clock)
@@ -260,7 +260,7 @@ class LLM:
 
     def _finish(self, req: Request, reason: str, step: int, num_truncated: int = 0) -> None:
         self.scheduler.finish(req, reason, step, num_truncated)
-        self.runner.forget_drafts(req.request_id)
+        self.runner.state.forget_drafts(req.request_id)
         self._finished.append(req)
 
     def _finish_reason(self, req: Request, token: int) -> str | None:

@@ -19,6 +19,7 @@ import torch
 from engine.attention import build_attention_metadata, flex_kernels
 from engine.clock import NullClock
 from engine.config import EngineConfig
+from engine.device_state import DeviceState
 from engine.errors import SpecgateError
 from engine.fused import FusedForward, compiled, compiled_kernels
 from engine.host_sync import DeclaredSyncs
@@ -32,7 +33,6 @@ from engine.staging import InputStaging
 from engine.step_io import StepInputs, StepOutputs
 from engine.step_plan import StepPlan, StepPlanner
 from engine.step_result import StepResult
-from engine.tokenizer import PAD_ID
 from engine.verify import verify
 
 
@@ -45,37 +45,6 @@ class InFlight:
     traced: StepOutputs | None = None      # a copy of what the step fed and gathered (trace=True)
     gpu_span: tuple | None = None          # the clock's timing events around the device work (bench, CUDA)
     launched_behind: int | None = None     # the step still in flight (unread) when this one was launched
-
-
-class DeviceState:
-    """Per-slot device buffers that carry a request from one step to the next. The last slot
-    belongs to padding rows."""
-
-    def __init__(self, num_slots: int, max_len: int, k: int, vocab_size: int, with_q: bool, device: str):
-        self.token_ids = torch.full((num_slots, max_len), PAD_ID, dtype=torch.long, device=device)
-        self.num_committed = torch.ones(num_slots, dtype=torch.long, device=device)
-        self.draft_token_ids = torch.full((num_slots, k), PAD_ID, dtype=torch.long, device=device)
-        self.num_draft = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.draft_probs = (torch.zeros(num_slots, k, vocab_size, device=device) if with_q else None)
-
-    def drafts_of(self, slot: int) -> "HeldDrafts":
-        """A copy of the drafts a slot holds (queued on the device after the steps before it)."""
-        q = self.draft_probs[slot].clone() if self.draft_probs is not None else None
-        return HeldDrafts(self.draft_token_ids[slot].clone(), self.num_draft[slot:slot + 1].clone(), q)
-
-    def give_drafts(self, slot: int, held: "HeldDrafts") -> None:
-        self.draft_token_ids[slot] = held.token_ids
-        self.num_draft[slot:slot + 1] = held.num_draft
-        if held.probs is not None:
-            self.draft_probs[slot] = held.probs
-
-
-@dataclass(frozen=True)
-class HeldDrafts:
-    """The drafts a preempted request held, kept on the device until its resume verifies them."""
-    token_ids: torch.Tensor          # [k]
-    num_draft: torch.Tensor          # [1]
-    probs: torch.Tensor | None       # [k, V]: q, for a drafter that samples its drafts
 
 
 class ModelRunner:
@@ -115,25 +84,6 @@ class ModelRunner:
         self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
-        # request id -> the drafts it held when preempted; its resume verifies them (step_plan.py)
-        self.preempted_drafts: dict[int, HeldDrafts] = {}
-
-    # ---- preemption: a request's drafts outlive its state slot -----------------------------------
-    def keep_drafts(self, request_id: int, slot: int) -> None:
-        """The request left `slot` (preempted): copy its drafts out before another request takes
-        the slot. Queued after every step launched so far, so the copy is the drafts of its last
-        step, even one still in flight."""
-        self.preempted_drafts[request_id] = self.state.drafts_of(slot)
-
-    def resume_drafts(self, request_id: int, slot: int) -> None:
-        """The request resumes in `slot`: its prefill verifies the drafts it held (scheduler.py
-        resume_drafts); every preempted request keeps some, so a missing entry is an engine bug."""
-        self.state.give_drafts(slot, self.preempted_drafts.pop(request_id))
-
-    def forget_drafts(self, request_id: int) -> None:
-        """The request ended while preempted (finished by a step read late, or aborted)."""
-        self.preempted_drafts.pop(request_id, None)
-
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
 

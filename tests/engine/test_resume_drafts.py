@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from engine.device_state import DeviceState
 from engine.request import Status
-from engine.runner import DeviceState
 from gates.workloads import LONG_PROMPTS
 
 K = 3
@@ -59,7 +59,7 @@ def test_a_preempted_seeded_request_draws_the_tokens_it_draws_unpreempted(make_l
             (u.draft_token_ids, u.num_draft, u.num_accepted, u.sampled)
         assert r.input_ids[-K:][:r.num_draft] == u.input_ids[1:1 + u.num_draft]  # the drafts fed
     assert any(r.num_draft for r in resumes), "no resume carried a draft"
-    assert tight_llm.runner.preempted_drafts == {}, "drafts kept past their resume"
+    assert tight_llm.runner.state.preempted_drafts == {}, "drafts kept past their resume"
 
 
 def test_drafts_leave_a_slot_and_come_back_in_another_unchanged():
@@ -90,13 +90,13 @@ def test_a_request_ended_while_preempted_leaves_no_drafts_behind(make_llm, end):
     while not any(r.status is Status.WAITING and r.stats.num_preemptions for r in reqs):
         llm.step()
     waiting = [r for r in reqs if r.status is Status.WAITING and r.stats.num_preemptions]
-    assert set(llm.runner.preempted_drafts) >= {r.request_id for r in waiting}
+    assert set(llm.runner.state.preempted_drafts) >= {r.request_id for r in waiting}
     if end == "abort":
         llm.abort([r.request_id for r in waiting])
     else:
         for r in waiting:
             llm._finish(r, "length", llm.scheduler.step)
-    assert not set(llm.runner.preempted_drafts) & {r.request_id for r in waiting}
+    assert not set(llm.runner.state.preempted_drafts) & {r.request_id for r in waiting}
     while llm.has_unfinished():
         llm.step()
-    assert llm.runner.preempted_drafts == {}
+    assert llm.runner.state.preempted_drafts == {}

@@ -1,10 +1,17 @@
 """Sampling parameters, and the batched samplers that turn logits into tokens on the device.
 
 Randomness is counter-based: every random number is a hash of (request key, token position,
-stream), so a request's tokens depend on its own seed only, never on which other requests share
-the batch, which runner ran it, or whether it was preempted and resumed. A seeded request's
-62-bit key is a hash (splitmix64) of its seed, so every bit of the seed counts; an unseeded
-request draws its key from the engine's generator.
+stream). A seeded request's tokens are a function of its prompt, its SamplingParams and the
+engine's model, dtype, drafter and k, never of which other requests share the batch, which
+runner or arm ran it, or whether it was preempted and resumed (up to floating-point near-ties:
+another batch shape or a recomputed prefill can round the logits differently in their last bits).
+Preemption moves no draw because a resumed request verifies the drafts it held when preempted,
+with the same q, at the same positions (engine/scheduler.py resume_drafts): drawn straight from
+p instead, its resume point, and for the block drafter the blocks after it, took other random
+decisions. The drafter and k do change the tokens: each run is distributed as the target, but a
+position drawn through a draft and its accept decision is another draw than one from p.
+A seeded request's 62-bit key is a hash (splitmix64) of its seed, so every bit of the seed
+counts; an unseeded request draws its key from the engine's generator.
 """
 import math
 from collections.abc import Callable

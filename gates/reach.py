@@ -23,6 +23,7 @@ REVIEWED = Path(__file__).resolve().parent / "unreached-branches.toml"
 # The request path: every module a request passes through from add_request to its last token,
 # and the bench's folding of legs into figures (only those functions of engine/bench/legs.py).
 REQUEST_PATH = {"engine/scheduler.py": None, "engine/block_manager.py": None, "engine/runner.py": None,
+                "engine/device_state.py": None,
                 "engine/step_plan.py": None, "engine/llm.py": None, "engine/verify.py": None,
                 "engine/sampling.py": None, "engine/proposers.py": None, "engine/block_drafter.py": None,
                 "engine/bench/metrics.py": None, "engine/bench/legs.py": ("is_warm", "fold", "run_leg", "run_bench")}

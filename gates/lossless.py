@@ -10,9 +10,9 @@ and whole sampled engine runs emit it too (randomized PIT of the tokens, and for
 drafter of its accept decisions, see gates/distribution.py), while the
 same tests fail on a lossy verify (the ratio taken with the wrong q): the negative control.
 A seeded sampled run is also the same on both runners and in the graph arm, token for token, so
-the distribution test covers the graph arm's output too; and a seeded request's tokens and
-acceptance counters are the same alone and batched, with and without preemption, on every
-drafter and plain (gates/seeded.py). Sampled requests without a seed take
+the distribution test covers the graph arm's output too; and a seeded request's tokens are
+the same alone and batched, with and without preemption, on every drafter and plain
+(gates/seeded.py). Sampled requests without a seed take
 their keys from the engine's seed: reproducible under the same engine seed (and runner), different
 under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
 bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
@@ -229,8 +229,8 @@ def test_unseeded_sampled_requests_take_their_keys_from_the_engine_seed(make_llm
 
 @pytest.mark.parametrize("drafter", ("plain", *DRAFTERS))
 def test_a_seeded_request_draws_its_tokens_alone_batched_and_preempted_alike(make_llm, gate_record, drafter):
-    """Token for token and counter for counter, every arm of gates/seeded.py against the requests
-    run one at a time; the preempted arms must preempt, and a resume verify the drafts it held."""
+    """Token for token, every arm of gates/seeded.py against the requests run one at a time; the
+    preempted arms must preempt, and a resume verify the drafts it held."""
     alone = None
     for arm, engine in seeded.ARMS.items():
         r = run(make_llm, seeded.WORKLOAD, **seeded.engine_options(drafter), **engine)
@@ -241,7 +241,6 @@ def test_a_seeded_request_draws_its_tokens_alone_batched_and_preempted_alike(mak
             continue
         gate_record.check(token_difference({o.request_id: o.token_ids for o in alone.outputs}, r),
                           f"{drafter} {arm}: seeded sampled tokens vs each request alone")
-        gate_record.check(seeded.counters_difference(alone, r), f"{drafter} {arm}: acceptance counters vs alone")
         assert (r.num_preemptions > 0) == ("preempted" in arm), f"{arm}: {r.num_preemptions} preemptions"
         gate_record.occurred(f"seeded sampled preemption ({'async' if r.is_async else 'sync'} runner)",
                              r.num_preemptions > 0)

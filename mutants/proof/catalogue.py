@@ -63,8 +63,9 @@ DEFECTS = (
     Defect("prefill-proposes-nothing",
            "The first verify step proposes nothing: after a prefill (or a resume) the drafter's num_draft is "
            "zeroed, so each request's first verify step carries no drafts (#2920: the async decode arm never "
-           "proposed).",
-           ("emit-count",), token_invisible=True),
+           "proposed). Greedy tokens stay right; a seeded sampled request's change after a resume, where the "
+           "unpreempted run verified drafts (no longer token-invisible since a resume keeps its drafts).",
+           ("emit-count", "lossless")),
     Defect("drafts-by-batch-row",
            "Batch rows moved without the device rows: propose writes drafts by batch row instead of state "
            "slot, so after a finish or an admission a request verifies another request's drafts (races "

@@ -19,10 +19,10 @@ Three plans (`plan_for`):
 - CPU under `--deep` (`make gates-deep`): the same folder to 8,232 positions in buckets of 2,048.
 - CUDA: the 1B benchmark shape with 40,960 positions ("llama-1b-deep", written once to the
   bench-model cache), one request from 32,720 to 33,808, past 32,768 + 1,024, in buckets of
-  8,192; the flex backend (paged: sdpa's dense prefill mask would be [32k, 32k] per request).
-  On CUDA the step time is judged too: a plain decode step at each depth may grow over the
-  shallowest by at most STEP_GROWTH_FACTOR times the time to read the keys and values it adds at
-  the measured copy bandwidth (a per-position host loop or a quadratic gather is far above it).
+  8,192, on the default attention backend (sdpa). On CUDA the step time is judged too: a plain
+  decode step at each depth may grow over the shallowest by at most STEP_GROWTH_FACTOR times the
+  time to read the keys and values it adds at the measured copy bandwidth (a per-position host
+  loop or a quadratic gather is far above it).
 """
 import math
 import os
@@ -42,9 +42,9 @@ from gates.workloads import Run, Workload
 K, TAU = 4, 4.2       # the oracle's drafts per step and requested tokens per step
 BAND = 4.0            # standard errors of the mean allowed around TAU per bucket
 # A plain step's growth over the shallowest depth, at most this many times the added KV read at
-# the copy bandwidth: the sdpa gather reads the context and writes a padded copy that attention
-# reads again, and flex visits whole cache blocks; 8 leaves room for both and is still far below
-# anything that grows faster than the context.
+# the copy bandwidth: the sdpa gather reads the context and writes a copy, padded to its bucket,
+# that attention reads again; 8 leaves room for that and is still far below anything that grows
+# faster than the context.
 STEP_GROWTH_FACTOR = 8.0
 STEP_DECODE_TOKENS = 48  # tokens each step-time request decodes (its window)
 CLAIMS = ("async runner", "spec tokens equal plain at every depth",
@@ -60,7 +60,6 @@ class DepthPlan:
     prompt_lens: tuple[int, ...]      # one request starting at each depth
     max_tokens: tuple[int, ...]       # how many tokens each of them generates
     bucket: int                       # positions per depth bucket
-    attention_backend: str = "sdpa"
 
     @property
     def max_model_len(self) -> int:
@@ -79,8 +78,7 @@ class DepthPlan:
 PLANS = {
     "cpu": DepthPlan("cpu", "tiny-deep", (16, 1040, 2064, 3088, 4032), (40,) * 5, 1024),
     "cpu-deep": DepthPlan("cpu-deep", "tiny-deep", (16, 2064, 4112, 6160, 8160), (40, 40, 40, 40, 72), 2048),
-    "cuda": DepthPlan("cuda", "llama-1b-deep", (16, 8208, 16400, 24592, 32720), (64, 64, 64, 64, 1088), 8192,
-                      attention_backend="flex"),
+    "cuda": DepthPlan("cuda", "llama-1b-deep", (16, 8208, 16400, 24592, 32720), (64, 64, 64, 64, 1088), 8192),
 }
 
 
@@ -143,8 +141,7 @@ def _prompts(plan: DepthPlan) -> tuple[tuple[int, ...], ...]:
 
 def _engine(plan: DepthPlan, device: str) -> dict:
     return dict(max_model_len=plan.max_model_len, max_num_batched_tokens=plan.max_model_len,
-                max_num_seqs=2 if plan.name != "cuda" else len(plan.prompt_lens), device=device,
-                attention_backend=plan.attention_backend)
+                max_num_seqs=2 if plan.name != "cuda" else len(plan.prompt_lens), device=device)
 
 
 def _params(plan: DepthPlan, extra: int = 0) -> list[SamplingParams]:
@@ -154,8 +151,7 @@ def _params(plan: DepthPlan, extra: int = 0) -> list[SamplingParams]:
 def test_spec_tokens_and_acceptance_hold_at_every_depth(gate_record, plan, deep_dir, gate_device):
     prompts, engine = _prompts(plan), _engine(plan, gate_device)
     gate_record.case(plan=plan.name, folder=plan.shape, prompt_lens=list(plan.prompt_lens),
-                     max_tokens=list(plan.max_tokens), bucket=plan.bucket, k=K, tau=TAU, runner="async",
-                     attention_backend=plan.attention_backend)
+                     max_tokens=list(plan.max_tokens), bucket=plan.bucket, k=K, tau=TAU, runner="async")
     # The plain run gives the tokens to match and the oracle's script (k more: the last step's drafts).
     plain = LLM(deep_dir, **engine).generate([list(p) for p in prompts], _params(plan, extra=K))
     script = OracleScript.from_outputs(plain, TAU, str(deep_dir))

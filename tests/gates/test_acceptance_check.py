@@ -1,8 +1,8 @@
 """The acceptance gate's checks (gates/acceptance.py) without an engine: a leg's acceptance
 recomputed from a hand-written trace in both oracle engines' units, the comparison with the
 bench's record (and the identity that ties the units together), the warm-leg predicate and the
-drafter's figures of the fold, and traced_legs driving the bench's own run_bench on scripted
-engines."""
+drafter's figures of the fold, traced_legs driving the bench's own run_bench on scripted
+engines, and the seeded draw of the leg and warm-up counts the gate's cases run."""
 import dataclasses
 
 import pytest
@@ -12,7 +12,20 @@ from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.trace import StepTrace
-from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
+from gates.acceptance import (
+    DEEP_MAX_EXTRA,
+    DEEP_MAX_WARMUP,
+    DEEP_SETTINGS,
+    EXTRA_LEGS,
+    RUNS,
+    WARMUPS,
+    FoldSetting,
+    acceptance_difference,
+    expected_acceptance,
+    fold_difference,
+    fold_settings,
+    traced_legs,
+)
 from gates.compare import Difference
 from helpers.traces import record
 
@@ -167,3 +180,41 @@ def test_traced_legs_refuses_a_bench_that_does_not_report_every_leg(monkeypatch)
     with pytest.raises(AssertionError) as refused:
         traced_legs(lambda **kwargs: ScriptedLLM(**kwargs), WORKLOAD, spec="ngram")
     assert str(refused.value).splitlines()[0] == "on_leg did not see every leg once, in order, as it finished"
+
+
+def test_each_drafter_s_cases_draw_every_warm_up_count_and_cost_what_one_warm_up_leg_did():
+    settings = fold_settings(("ngram", "block"))
+    assert settings == fold_settings(("ngram", "block")), "the draw is seeded"
+    assert list(settings) == [(d, *run) for d in ("ngram", "block") for run in RUNS]
+    for drafter in ("ngram", "block"):
+        mine = [s for (d, *_), ss in settings.items() if d == drafter for s in ss]
+        assert sorted(s.warmup_legs for s in mine) == sorted(WARMUPS) == [0, 1, 2, 3]
+        assert all(s.legs - s.warmup_legs in EXTRA_LEGS for s in mine)
+    assert sum(s.legs for ss in settings.values() for s in ss) == 3 * len(settings)
+    assert fold_settings(("ngram",), seed=1) != fold_settings(("ngram",)), "the seed orders the draw"
+
+
+def test_the_deep_draw_adds_free_settings_to_each_case():
+    ci, deep = fold_settings(("ngram",)), fold_settings(("ngram",), deep=True)
+    assert ci.keys() == deep.keys()
+    for key, settings in deep.items():
+        assert settings[0] == ci[key][0] and len(settings) == 1 + DEEP_SETTINGS
+        assert all(0 <= s.warmup_legs <= DEEP_MAX_WARMUP and 1 <= s.legs - s.warmup_legs <= DEEP_MAX_EXTRA
+                   for s in settings[1:])
+
+
+@pytest.mark.parametrize("legs, warmup_legs", [(2, 2), (1, 3), (3, -1)])
+def test_a_fold_setting_without_a_warm_leg_is_refused(legs, warmup_legs):
+    with pytest.raises(ValueError, match="0 <= warmup_legs < legs"):
+        FoldSetting(legs, warmup_legs)
+    assert FoldSetting(legs + 3, max(warmup_legs, 0)).legs == legs + 3
+
+
+def test_the_warm_leg_predicate_is_checked_at_the_warm_up_the_bench_ran(scripted_bench):
+    out = RequestOutput(0, None, [1], [2, 2], "", "length", RequestStats(verify_steps=1, num_prefills=1))
+    for warmup in (0, 2):
+        legs = scripted_bench([1], 3, warmup, {(1, i): (1.0 + i, [out]) for i in range(3)})
+        workload = Workload.uniform(["p"], 4)
+        assert fold_difference(legs, workload, "ngram", warmup) is None
+        other = 1 if warmup == 0 else 0
+        assert fold_difference(legs, workload, "ngram", other).what == "warm-leg predicate"

@@ -142,6 +142,13 @@ DEFECTS = (
            "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
            "token-invisible only so prove spares it a lossless run.",
            ("acceptance",)),
+    Defect("fold-acceptance-skips-first-leg",
+           "One axis with a hard-coded warm-up: the fold merges acceptance over every leg past the first "
+           "(written when the bench always ran one warm-up leg) while throughput folds the warm legs, so at "
+           "any other --warmup-legs the two axes describe different legs; at one warm-up leg, the only "
+           "setting the acceptance gate ran before, the two sets are the same. Tokens are unchanged; not "
+           "claimed token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
     Defect("veto-ignores-env",
            "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
            "speculative decoding, so an A/B labelled async measures sync against sync.",

@@ -180,6 +180,8 @@ def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafte
             gate_record.occurred("tokens truncated at max_tokens",
                                  expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
             gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
+        gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature, legs=setting.legs,
+                         warmup_legs=setting.warmup_legs, fold=True)
         gate_record.check(fold_difference(legs, workload, drafter, setting.warmup_legs),
                           f"fold of {setting.legs} legs, {setting.warmup_legs} of them warm-up")
         gate_record.occurred("warm and cold legs", {leg.warm for leg in legs} == {True, False})

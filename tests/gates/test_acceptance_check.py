@@ -199,8 +199,9 @@ def test_the_deep_draw_adds_free_settings_to_each_case():
     assert ci.keys() == deep.keys()
     for key, settings in deep.items():
         assert settings[0] == ci[key][0] and len(settings) == 1 + DEEP_SETTINGS
-        assert all(0 <= s.warmup_legs <= DEEP_MAX_WARMUP and 1 <= s.legs - s.warmup_legs <= DEEP_MAX_EXTRA
-                   for s in settings[1:])
+    free = [s for settings in deep.values() for s in settings[1:]]
+    assert {s.warmup_legs for s in free} == set(range(DEEP_MAX_WARMUP + 1))   # this seed's draw reaches both ends
+    assert {s.legs - s.warmup_legs for s in free} == set(range(1, DEEP_MAX_EXTRA + 1))
 
 
 @pytest.mark.parametrize("legs, warmup_legs", [(2, 2), (1, 3), (3, -1)])
@@ -218,3 +219,33 @@ def test_the_warm_leg_predicate_is_checked_at_the_warm_up_the_bench_ran(scripted
         assert fold_difference(legs, workload, "ngram", warmup) is None
         other = 1 if warmup == 0 else 0
         assert fold_difference(legs, workload, "ngram", other).what == "warm-leg predicate"
+
+
+def test_traced_legs_runs_the_legs_and_warm_up_asked_for():
+    engines = []
+
+    def make_llm(**kwargs):
+        engines.append(ScriptedLLM(**kwargs))
+        return engines[-1]
+    legs, expected, _ = traced_legs(make_llm, WORKLOAD, 4, 2, spec="ngram")
+    assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [(c, i, i >= 2) for c in (1, 4) for i in range(4)]
+    assert all(len(e.calls) == 4 for e in engines) and len(expected) == 8
+    assert fold_difference(legs, WORKLOAD, "ngram", 2) is None
+
+
+def test_the_fold_check_names_the_legs_each_axis_took_before_any_folded_field(bench_legs, monkeypatch):
+    """An acceptance fold past the first leg whatever the warm-up: at warm-up 0 both the
+    populations and the folded fields differ, and the populations are what is named."""
+    fold = bench.fold
+
+    def acceptance_past_the_first_leg(legs):
+        out = fold(legs)
+        for c, entry in out.items():
+            mine = [dataclasses.replace(leg, warm=True) for leg in legs if str(leg.concurrency) == c][1:]
+            entry["acceptance"] = fold(mine)[c]["acceptance"]
+        return out
+    every_leg_warm = [dataclasses.replace(leg, warm=True) for leg in bench_legs]
+    monkeypatch.setattr(bench, "fold", acceptance_past_the_first_leg)
+    assert fold_difference(bench_legs, Workload.uniform(["p"], 4), "ngram") is None
+    assert fold_difference(every_leg_warm, Workload.uniform(["p"], 4), "ngram", 0) == Difference(
+        "legs the acceptance axis folded at concurrency 1", None, None, None, [0, 1, 2], [[0, 1], [0, 2], [1, 2]])

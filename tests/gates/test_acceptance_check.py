@@ -228,7 +228,8 @@ def test_traced_legs_runs_the_legs_and_warm_up_asked_for():
         engines.append(ScriptedLLM(**kwargs))
         return engines[-1]
     legs, expected, _ = traced_legs(make_llm, WORKLOAD, 4, 2, spec="ngram")
-    assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [(c, i, i >= 2) for c in (1, 4) for i in range(4)]
+    assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [
+        (c, i, i >= 2) for c in (1, 4) for i in range(4)]
     assert all(len(e.calls) == 4 for e in engines) and len(expected) == 8
     assert fold_difference(legs, WORKLOAD, "ngram", 2) is None
 

@@ -44,7 +44,6 @@ from gates.workloads import (
     MIXED_REFUSALS_ENGINE,
     context_limit_engine,
     gate_settings,
-    params,
     run_pair,
     workloads,
 )
@@ -74,7 +73,7 @@ def check_runs(gate_record, reference, sync, async_):
         gate_record.check(diff, f"{r.label()}: the engine vs the naive reference decoder")
         for trigger in triggers:
             gate_record.occurred(FINISH_CLAIMS[trigger])
-        greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload))
+        greedy = {o.request_id for o, p in zip(r.outputs, r.sampling_params)
                   if p.is_greedy and not p.logits_processors}
         gate_record.check(trace_consistency(r.outputs, r.trace), f"{r.label()}: trace vs outputs and metrics")
         gate_record.check(history_difference(r.outputs, r.histories, r.trace),

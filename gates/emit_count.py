@@ -5,7 +5,9 @@ what the drafts imply; ngram drafts are the lookup of the committed history.
 Every greedy request of every run is also checked against the naive reference decoder
 (gates/reference.py): its tokens, and how and when it finished. The workloads set stop_token_ids
 and ignore_eos and reach max_model_len, and the gate is red unless each of those finishes happened:
-a defect in the finish rule that sync and async share is invisible to their comparison.
+a defect in the finish rule that sync and async share is invisible to their comparison. Every
+request with a logits processor records the output history each call received, which must be its
+committed output so far, call by call (gates/invariants.py history_difference).
 
 Verify is lossless, so a stale draft or a logit gathered from the wrong row can leave every
 token right and move only acceptance: these checks see acceptance, per step, exactly.
@@ -21,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gates.compare import runs_difference
-from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
+from gates.invariants import acceptance_difference, history_difference, ngram_draft_difference, trace_consistency
 from gates.lifecycle import (
     ABORT_REUSE,
     ABORT_REUSE_ENGINE,
@@ -42,7 +44,6 @@ from gates.workloads import (
     MIXED_REFUSALS_ENGINE,
     context_limit_engine,
     gate_settings,
-    params,
     run_pair,
     workloads,
 )
@@ -52,7 +53,8 @@ CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts reje
           "graph step with padding rows", "host-history request", "finished on stop_token_ids", "finished on eos",
           "ignore_eos passed an eos", "finished at max_tokens", "finished at max_model_len",
           "abort with a step in flight", "abort of a waiting request", "aborted slot reused by a new admission",
-          "scheduling gap: a running request sat out a step and came back device-fed")
+          "scheduling gap: a running request sat out a step and came back device-fed",
+          "logits processor histories checked call by call")
 
 # The reference decoder's finish triggers (gates/reference.py) and the claims they satisfy.
 FINISH_CLAIMS = {"stop_token_ids": "finished on stop_token_ids", "eos": "finished on eos",
@@ -71,9 +73,11 @@ def check_runs(gate_record, reference, sync, async_):
         gate_record.check(diff, f"{r.label()}: the engine vs the naive reference decoder")
         for trigger in triggers:
             gate_record.occurred(FINISH_CLAIMS[trigger])
-        greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload))
+        greedy = {o.request_id for o, p in zip(r.outputs, r.sampling_params)
                   if p.is_greedy and not p.logits_processors}
         gate_record.check(trace_consistency(r.outputs, r.trace), f"{r.label()}: trace vs outputs and metrics")
+        gate_record.check(history_difference(r.outputs, r.histories, r.trace),
+                          f"{r.label()}: the history each logits processor call received")
         gate_record.check(acceptance_difference(r.outputs, r.trace, greedy), f"{r.label()}: greedy acceptance")
         if r.engine["spec"] == "ngram":
             gate_record.check(ngram_draft_difference(r.outputs, r.trace), f"{r.label()}: ngram drafts")
@@ -92,6 +96,8 @@ def note_coverage(gate_record, sync, async_):
     gate_record.occurred("graph arm", any(route.endswith("/graph") for route in async_.routes))
     gate_record.occurred("graph step with padding rows", any(s.num_padding_rows for s in async_.trace))
     gate_record.occurred("host-history request", any(async_.workload.host_history))
+    gate_record.occurred("logits processor histories checked call by call",
+                         any(len(calls) > 1 for calls in async_.histories.values()))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

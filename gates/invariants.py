@@ -11,13 +11,16 @@ step starting where the last one ended. And two references need no second run:
   longest prefix of its drafts that matches the output from s + 1. A stale draft or a logit
   gathered from the wrong row moves acceptance even when every token stays right;
 - ngram drafts: prompt lookup is a pure function of the committed history, recomputed here in
-  plain Python, so a stale or misrouted draft is caught in either runner.
+  plain Python, so a stale or misrouted draft is caught in either runner;
+- logits processor histories: a request with logits processors verifies no drafts, and the j-th
+  call of its processors receives exactly its first j output tokens (the engine's contract), so
+  the histories a recording processor kept are the request's own output, call by call.
 
 A record is *real* when its results reached the request; the async runner also traces the step
 it launched past a request's end, which emits nothing.
 """
 from engine.trace import RequestTrace, StepTrace
-from gates.compare import Difference
+from gates.compare import Difference, step_of
 
 
 def records_by_request(trace: list[StepTrace]) -> dict[int, list[tuple[int, RequestTrace]]]:
@@ -174,6 +177,32 @@ def ngram_draft_difference(outputs, trace, min_n: int = 1, max_n: int = 3) -> Di
             expected = ngram_drafts(sequence[:s + 1], width(r), min_n, max_n)
             if list(r.draft_token_ids) != expected:
                 return Difference("ngram drafts", step, out.request_id, s, expected, list(r.draft_token_ids))
+    return None
+
+
+def history_difference(outputs, histories: dict[int, list[list[int]]], trace) -> Difference | None:
+    """Requests with logits processors against the engine's contract for them (docs/engine.md):
+    no draft slots in any step (a processor sees one logits row per step), and one call per output
+    token, the j-th receiving exactly the first j output tokens (the prompt excluded, no token of a
+    later step, no call past the end). `histories`: request id -> the history each call received,
+    in call order (gates/processors.py HistoryRecorder); requests without one are not judged."""
+    real = real_records(trace, outputs)
+    for out in sorted(outputs, key=lambda o: o.request_id):
+        rid, start, tokens = out.request_id, len(out.prompt_token_ids), list(out.token_ids)
+        if rid not in histories:
+            continue
+        drafted = next(((step, r) for step, r in real.get(rid, []) if width(r) > 0), None)
+        if drafted is not None:
+            step, r = drafted
+            return Difference("draft slots of a request with logits processors", step, rid, r.positions[0], 0,
+                              width(r))
+        calls = histories[rid]
+        for j in range(max(len(calls), len(tokens))):
+            want = tokens[:j] if j < len(tokens) else "no call past the request's end"
+            got = calls[j] if j < len(calls) else "no call"
+            if got != want:
+                return Difference("output history a logits processor received", step_of(trace, rid, start + j),
+                                  rid, start + j, want, got)
     return None
 
 

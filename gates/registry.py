@@ -68,7 +68,7 @@ GATES = (
          "at every depth, the oracle drafter's tokens per verify step stay at the level asked for in every depth "
          "bucket, the ngram drafter's are reported, and on CUDA a plain step grows no faster than its KV read", "cpu"),
     Gate("acceptance", "acceptance", "the bench's per-leg acceptance equals the trace's in vLLM and SGLang "
-         "units, and the warm-leg predicate folds both axes over the same legs", "cpu"),
+         "units, and at drawn leg and warm-up counts both axes fold exactly the warm legs", "cpu"),
     Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async, eager and graph arm, at "
          "concurrency 1 and 8, runners interleaved; a delta under the runners' spread is reported as under "
          "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", timed=True),

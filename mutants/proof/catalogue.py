@@ -142,6 +142,13 @@ DEFECTS = (
            "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
            "token-invisible only so prove spares it a lossless run.",
            ("acceptance",)),
+    Defect("fold-acceptance-skips-first-leg",
+           "One axis with a hard-coded warm-up: the fold merges acceptance over every leg past the first "
+           "(written when the bench always ran one warm-up leg) while throughput folds the warm legs, so at "
+           "any other --warmup-legs the two axes describe different legs; at one warm-up leg, the only "
+           "setting the acceptance gate ran before, the two sets are the same. Tokens are unchanged; not "
+           "claimed token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
     Defect("veto-ignores-env",
            "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
            "speculative decoding, so an A/B labelled async measures sync against sync.",
@@ -182,6 +189,18 @@ DEFECTS = (
            "share, so it runs on to max_tokens; every differential comparison agrees with itself and only the "
            "reference decoder sees the tokens past the stop (no gate workload set stop_token_ids before).",
            ("emit-count",)),
+    Defect("processor-history-includes-prompt",
+           "Logits processors handed the request's whole token list, prompt and output (the list the planner "
+           "reads), where the contract is the output so far (vLLM's two processor signatures): plain, spec, "
+           "sync and async share it, and a processor that reads only the last token sees the prompt just once, "
+           "at the first token, so only a first token equal to the prompt's last, by luck, showed it.",
+           ("lossless", "emit-count")),
+    Defect("processors-skip-prefill-row",
+           "Logits processors applied to decode rows only: the token a prefill samples, a request's first and "
+           "the first after each resume from preemption, is left unprocessed. A fresh request's history is "
+           "empty there, so a processor that bans the last token changes nothing; only a resumed request's "
+           "first token, repeating its last one by luck, showed it.",
+           ("lossless", "emit-count")),
     Defect("context-limit-off-by-one",
            "The context-limit finish is off by one in the shared finish rule: a request ends only past "
            "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "

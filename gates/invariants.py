@@ -210,8 +210,7 @@ def limits_difference(trace: list[StepTrace]) -> Difference | None:
     for s in trace:
         if s.limits is None:
             return Difference("scheduler limits traced", s.step, -1, -1, "ScheduleLimits", None)
-        behind = by_step.get(s.launched_behind) if s.launched_behind is not None else None
-        diff = _budget(s) or _pool(s) or _reservations(s, behind)
+        diff = _budget(s) or _pool(s) or _reservations(s, by_step.get(s.launched_behind))
         if diff:
             return diff
     return None

@@ -90,9 +90,10 @@ def test_the_last_block_of_the_pool_may_be_held():
     assert limits_difference(trace) is None
 
 
-def test_a_block_held_by_two_requests_is_red_naming_both():
+@pytest.mark.parametrize("held", [{0: [0, 1], 1: [2, 1]}, {1: [2, 1], 0: [0, 1]}])
+def test_a_block_held_by_two_requests_is_red_naming_both_in_request_order(held):
     trace = run()
-    trace[0].limits = limits({0: [0, 1], 1: [2, 1]}, 2)
+    trace[0].limits = limits(held, 2)
     assert limits_difference(trace) == Difference("KV block held once", 0, 1, -1, "block 1 held by request 0 only",
                                                   "block 1 also held by request 1")
 
@@ -150,6 +151,29 @@ def test_the_step_in_flight_accepting_every_draft_must_fit_the_reservation():
     trace[1].requests[1].block_table = table(2, 3)
     assert limits_difference(trace) == Difference("KV reserved covers the step in flight accepting every draft",
                                                   1, 1, 9, "< 8", 9)
+
+
+def test_the_worst_case_behind_a_verify_row_is_its_start_plus_its_drafts_plus_one():
+    """Request 1 verified 2 drafts from position s in step 0, so it may have committed up to
+    s + 3 and step 1 writes 2 more: from s = 2 that is position 7, inside 2 blocks; from s = 3, 8."""
+    trace = run()
+    trace[1].limits = limits({0: [0, 1], 1: [2, 3]}, 2)
+    trace[1].requests[1].block_table = table(2, 3)
+    trace[0].requests[1].positions = [2, 3, 4]
+    assert limits_difference(trace) is None
+    trace[0].requests[1].positions = [3, 4, 5]
+    assert limits_difference(trace) == Difference("KV reserved covers the step in flight accepting every draft",
+                                                  1, 1, 8, "< 8", 8)
+
+
+def test_a_prefill_row_writes_its_own_query_whatever_the_step_in_flight_did():
+    """Request 1 (a verify row in step 0, to position 7 at worst) prefilled again in step 1 over
+    3 tokens: one block holds them; the step in flight does not move a prefill's positions."""
+    trace = run()
+    trace[1].limits = limits({0: [0, 1], 1: [2]}, 3)
+    trace[1].requests[1] = replace(record(1, 0, [5, 6, 7], sampled=[8], prefill=True, query_start=3),
+                                   block_table=table(2))
+    assert limits_difference(trace) is None
 
 
 def test_behind_a_prefill_the_worst_case_starts_at_the_token_it_commits():

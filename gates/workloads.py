@@ -141,6 +141,27 @@ def context_limit_engine(tokenizer) -> dict:
     return {**CONTEXT_LIMIT_ENGINE, "max_model_len": longest + CONTEXT_ROOM}
 
 
+# Binding scheduler limits: a token budget equal to the context (LIMITS_ROOM tokens past the
+# 85-token prompt) and a pool of 11 KV blocks, with max_num_seqs (20) never the one that binds.
+# Step 1: two requests verify (2 x (1 + k) = 12 tokens) and the 85-token prompt arrives: 97 > 96,
+# so its prefill waits for a verify row to go (a scheduler that counts a verify row as one token
+# admits it: 97 tokens, which the staging buffers, 20 x (k + 1) = 120 tokens, still hold). The five
+# requests after it grow past the pool, so requests are preempted in both runners. On the CPU the
+# graph arm runs its uniform verify steps, padded, and steps with a prefill run eagerly.
+LIMITS = Workload(prompts=tuple(PROMPTS[i] for i in (0, 0, 6, 1, 0, 1, 1, 1)),
+                  max_tokens=(6, 24, 8, 24, 36, 30, 30, 36), arrival_steps=(0, 0, 1, 3, 2, 4, 2, 2),
+                  ignore_eos=(True,) * 8)
+LIMITS_ENGINE = dict(max_num_seqs=20, num_kv_blocks=11, num_spec_tokens=5, graph=True)
+LIMITS_ROOM = 11   # tokens past the longest prompt: 85 + 11 = 96 on the fixture's bytes
+
+
+def limits_engine(tokenizer) -> dict:
+    """LIMITS_ENGINE with the context and the token budget LIMITS_ROOM tokens past the longest
+    prompt as this target's tokenizer encodes it (96 on the fixture)."""
+    longest = max(len(tokenizer.encode(p)) for p in LIMITS.prompts)
+    return {**LIMITS_ENGINE, "max_model_len": longest + LIMITS_ROOM, "max_num_batched_tokens": longest + LIMITS_ROOM}
+
+
 @dataclass
 class Run:
     """One traced run: what a gate compares. `engine` holds the LLM's keyword arguments."""
@@ -170,7 +191,8 @@ class Run:
         return sum(o.stats.num_preemptions for o in self.outputs)
 
     def label(self) -> str:
-        keys = ("spec", "num_spec_tokens", "async_runner", "graph", "num_kv_blocks", "max_num_seqs")
+        keys = ("spec", "num_spec_tokens", "async_runner", "graph", "num_kv_blocks", "max_num_seqs",
+                "max_num_batched_tokens")
         return " ".join(f"{k}={self.engine[k]}" for k in keys if k in self.engine)
 
 

@@ -115,6 +115,22 @@ DEFECTS = (
            "collapses (the public report: acceptance dead past 32,768 positions, the target coherent); the "
            "gates' 256-position engines never reach it.",
            ("depth",), token_invisible=True),
+    # ---- the scheduler's own limits: the token budget and the KV reservations ----------------------
+    Defect("budget-counts-verify-row-as-one-token",
+           "A token budget written before speculation: a running request's row is charged one token, its k "
+           "draft slots ride along uncounted, so a step of verify rows plus a prefill overruns "
+           "max_num_batched_tokens (vLLM's budget must count num_lookahead_slots). The staging buffers hold "
+           "max_num_seqs x (k + 1) tokens, so the step runs and every token stays right; only the per-step "
+           "limits check sees the step of 97 tokens under a budget of 96.",
+           ("emit-count", "combine"), token_invisible=True),
+    Defect("kv-lookahead-forgets-in-flight-bonus-token",
+           "The async KV lookahead counts the step in flight's k drafts but not its bonus token (k + k, not "
+           "k + (k + 1)): when that step accepts every draft, the next step's last draft slot can fall one "
+           "position past the blocks reserved, into the sink block. The row reads back what it wrote there, "
+           "so tokens change only when that draft is accepted too and its KV is needed later (the "
+           "over-allocation SGLang and vLLM make for the step in flight, off by one); the per-step limits "
+           "check sees the reservation short at the worst case whatever was accepted.",
+           ("emit-count", "combine", "lossless")),
     # ---- host write-back ---------------------------------------------------------------------------
     Defect("committed-ids-dropped-on-preemption",
            "Committed ids not written back on one branch: results of a step in flight when its request was "

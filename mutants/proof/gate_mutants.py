@@ -19,10 +19,12 @@ failed check (`--stop-at-red`): red is all a tree's judgement reads. Defects cla
 token-invisible are not re-checked for lossless staying green (the kill is a gate that goes red
 where it must not, or stays green where it must go red).
 """
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -37,7 +39,7 @@ from mutants.mutation.stage import MUTATED_GATES, STAGING, SUITE, stage
 from mutants.proof import gate_mutant_report as report
 from mutants.proof.apply import copy_tree
 from mutants.proof.catalogue import DEFECTS, Defect
-from mutants.proof.gate_mutant_report import KILLED, NOT_REACHED, SURVIVED, UNDECIDED, MutantVerdict
+from mutants.proof.gate_mutant_report import KILLED, NOT_REACHED, SURVIVED, UNDECIDED, Measurement, MutantVerdict
 from mutants.proof.gate_reach import reached
 from mutants.proof.matrix import CLEAN, RAN, TIMEOUT, TreeRun
 from mutants.proof.mutant_source import MutantSource, module_path, mutant_sources
@@ -45,6 +47,7 @@ from mutants.proof.prover import Prover, ending_on_signals, gate_command
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SAMPLE, DEFAULT_SEED = 24, 0
+DEFAULT_TIME_LIMIT_S = 1200  # the whole measurement; a mutant whose function emit-count reaches costs ~19 trees
 DEFAULT_TIMEOUT_S = 300  # one tree's gate run; a stop-at-red run of a defect's gates takes seconds
 
 
@@ -95,27 +98,42 @@ def tree_kill(run: TreeRun, defect: Defect | None, gates: list[str]) -> str | No
     return None
 
 
-def _stop_at_red(names: list[str], json_path: Path, device: str, stop_at_red: bool) -> list[str]:
-    # Every tree, the clean one too, stops each gate at its first failed check: a mutant's
-    # judgement reads only whether a gate went red.
-    return gate_command(names, json_path, device, stop_at_red=True)
+def tree_command(names: list[str], json_path: Path, device: str, stop_at_red: bool) -> list[str]:
+    """A tree's gate run. Every tree, the clean one too, stops each gate at its first failed check:
+    a mutant's judgement reads only whether a gate went red. A tree of one gate also ends at its
+    first failed or errored test (pytest's --exitfirst: a mutant that makes a check raise errors
+    every test of the gate, which --stop-at-red, reading failed checks only, would all run); a
+    tree of several must run each, since a gate left unrun would read as a kill."""
+    command = gate_command(names, json_path, device, stop_at_red=True)
+    return ["env", "PYTEST_ADDOPTS=--exitfirst", *command] if len(names) == 1 else command
 
 
 def prove_mutant(mutant: MutantSource, trees: list[tuple], snapshot: Path, work: Path, jobs: int,
-                 timeout_s: float, command=_stop_at_red) -> tuple[str, str, int]:
+                 timeout_s: float, command=tree_command, deadline: float | None = None) -> tuple[str, str, int] | None:
     """Plant the mutant in a copy of `snapshot` and run `trees` (mutant_trees) there, `jobs` at
-    once, until one kills it: (verdict, what killed it or timed out, trees finished)."""
+    once, until one kills it: (verdict, what killed it or timed out, trees finished); None when
+    the `deadline` (time.perf_counter()) came first and ended its runs: not judged."""
     base = work / "mutant"
     shutil.copytree(snapshot, base, symlinks=True)
     (base / mutant.path).write_text(mutant.source)
     prover = Prover(jobs, timeout_s, command)
+    out_of_time = threading.Event()
+
+    def stop_at_deadline():
+        out_of_time.set()
+        prover.stop()
+    timer = threading.Timer(max(0.0, deadline - time.perf_counter()), stop_at_deadline) if deadline else None
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     verdict, by, finished, timed_out = SURVIVED, "", 0, []
     try:
+        if timer:
+            timer.start()
         futures = {pool.submit(prover.run_tree, base, work, label, defect, names, device): (defect, names)
                    for label, defect, names, device in trees}
         for future in as_completed(futures):
             run = future.result()
+            if out_of_time.is_set():
+                break  # a run ended by the deadline tells nothing
             finished += 1
             if run.status == TIMEOUT:
                 timed_out.append(run.tree)
@@ -124,9 +142,13 @@ def prove_mutant(mutant: MutantSource, trees: list[tuple], snapshot: Path, work:
                 verdict, by = KILLED, reason
                 break
     finally:
+        if timer:
+            timer.cancel()
         prover.stop()  # the first kill decides: what still runs is ended, what waits never starts
         pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(base, ignore_errors=True)
+    if out_of_time.is_set() and verdict != KILLED:
+        return None
     if verdict == SURVIVED and timed_out:
         verdict, by = UNDECIDED, f"timed out: {', '.join(timed_out)}"
     return verdict, by, finished
@@ -159,11 +181,14 @@ def listed(modules: tuple[str, ...]) -> list[str]:
 
 
 def run_gate_mutants(sample_size: int, seed: int, modules: tuple[str, ...], jobs: int, timeout_s: float,
-                     log_path: Path, device: str = "cpu") -> tuple[list[MutantVerdict], int, float]:
-    """The whole measurement: (a verdict per sampled mutant, in name order; how many were listed; seconds)."""
+                     log_path: Path, device: str = "cpu", time_limit_s: float | None = None) -> Measurement:
+    """The whole measurement. The drawn mutants are judged in an order shuffled by the seed, so the
+    ones judged before the time limit stopped it are a uniform sample too."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit_s if time_limit_s else None
     names = listed(modules)
     sample, _ = bounded(names, sample_size, seed)
+    order = random.Random(seed).sample(sample, len(sample))
     sources = mutant_sources(sample, REPO)
     print(f"gate-mutants: {len(sample)} of {len(names)} listed mutants of {', '.join(modules)} drawn (seed {seed}) "
           f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -173,10 +198,13 @@ def run_gate_mutants(sample_size: int, seed: int, modules: tuple[str, ...], jobs
           f"a mutant at a time", file=sys.stderr, flush=True)
     cuda = has_cuda()
     files = gate_files({g.name: g.needs for g in GATES}, cuda)
-    verdicts = []
+    m = Measurement([], len(names), len(sample), seed)
     with tempfile.TemporaryDirectory(prefix="specgate-gate-mutants-") as tmp:
         snapshot = copy_tree(REPO, Path(tmp) / "snapshot")
-        for i, name in enumerate(sample, 1):
+        for i, name in enumerate(order, 1):
+            if deadline and time.perf_counter() >= deadline:
+                m.stopped = True
+                break
             mutant, t1 = sources[name], time.perf_counter()
             v = MutantVerdict(name, mutant.path, reaching(mutant, files), diff=mutant.diff)
             v.suite, v.equivalent = suite.get(name, ("not checked", None))
@@ -186,14 +214,23 @@ def run_gate_mutants(sample_size: int, seed: int, modules: tuple[str, ...], jobs
             else:
                 work = Path(tmp) / f"m{i}"
                 work.mkdir()
-                v.proof, v.by, v.trees = prove_mutant(mutant, trees, snapshot, work, jobs, timeout_s)
+                judged = prove_mutant(mutant, trees, snapshot, work, jobs, timeout_s, deadline=deadline)
                 shutil.rmtree(work, ignore_errors=True)
+                if judged is None:
+                    m.stopped = True
+                    break
+                v.proof, v.by, v.trees = judged
             v.seconds = round(time.perf_counter() - t1, 1)
-            verdicts.append(v)
-            print(f"gate-mutants: [{i}/{len(sample)}] {name}: proof {v.proof}"
+            m.verdicts.append(v)
+            print(f"gate-mutants: [{i}/{len(order)}] {name}: proof {v.proof}"
                   + (f" ({v.by})" if v.by else "") + f", {v.trees} of {len(trees)} trees in {v.seconds:.0f} s; "
-                  f"suite {v.suite}", flush=True)
-    return verdicts, len(names), time.perf_counter() - t0
+                  f"suite {v.suite} ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+    if m.stopped:
+        print(f"gate-mutants: stopped at the time limit ({time_limit_s:g} s): {len(m.verdicts)} of the {len(order)} "
+              f"drawn judged, the first of the seeded order", file=sys.stderr, flush=True)
+    m.verdicts.sort(key=lambda v: v.name)
+    m.wall_s = time.perf_counter() - t0
+    return m
 
 
 def commit() -> str:
@@ -203,7 +240,7 @@ def commit() -> str:
 
 # ---- command line (`specgate prove --gate-mutants`, mutants/proof/prove.py) ------------------------
 def add_gate_mutant_args(p) -> None:
-    from gates.argtypes import int_at_least, output_file
+    from gates.argtypes import float_in, int_at_least, output_file
     g = p.add_argument_group("gate mutants (--gate-mutants)")
     g.add_argument("--gate-mutants", action="store_true",
                    help="the proof as a mutation suite of the gates' checking code: for N of mutmut's mutants of it, "
@@ -213,6 +250,10 @@ def add_gate_mutant_args(p) -> None:
     g.add_argument("--seed", type=int, default=None, metavar="S", help=f"the draw's seed (default {DEFAULT_SEED})")
     g.add_argument("--module", action="append", default=None, choices=MUTATED_GATES, metavar="FILE",
                    help="draw only mutants of this file (repeatable): " + ", ".join(MUTATED_GATES))
+    g.add_argument("--time-limit", type=float_in(0.0, lo_open=True), default=None, metavar="S",
+                   help=f"judge no new mutant after S seconds, and end the one in progress (default "
+                   f"{DEFAULT_TIME_LIMIT_S:g}); the drawn mutants are judged in a seeded random order, so those "
+                   "judged are a uniform sample too")
     g.add_argument("--report", type=output_file, default=None, metavar="FILE",
                    help="the Markdown report (default reports/gate-mutants.md)")
 
@@ -220,7 +261,8 @@ def add_gate_mutant_args(p) -> None:
 def flags_given(args) -> list[str]:
     """The --gate-mutants options given on the command line."""
     return [flag for flag, value in (("--sample", args.sample), ("--seed", args.seed), ("--module", args.module),
-                                     ("--report", args.report)) if value is not None]
+                                     ("--time-limit", args.time_limit), ("--report", args.report))
+            if value is not None]
 
 
 def cmd_gate_mutants(args) -> int:
@@ -232,14 +274,14 @@ def cmd_gate_mutants(args) -> int:
         return 2
     sample = args.sample or DEFAULT_SAMPLE
     seed = DEFAULT_SEED if args.seed is None else args.seed
+    limit = args.time_limit or DEFAULT_TIME_LIMIT_S
     modules = tuple(args.module or MUTATED_GATES)
     page = Path(args.report or REPO / "reports" / "gate-mutants.md")
     page.parent.mkdir(parents=True, exist_ok=True)
-    timeout = args.timeout or DEFAULT_TIMEOUT_S
     try:
         with ending_on_signals():
-            verdicts, total, wall = run_gate_mutants(sample, seed, modules, args.jobs, timeout,
-                                                     page.with_suffix(".mutmut.log"), args.device)
+            m = run_gate_mutants(sample, seed, modules, args.jobs, args.timeout or DEFAULT_TIMEOUT_S,
+                                 page.with_suffix(".mutmut.log"), args.device, limit)
     except KeyboardInterrupt:
         print("specgate: prove --gate-mutants interrupted; its runs were ended and its temporary folder removed",
               file=sys.stderr)
@@ -247,11 +289,11 @@ def cmd_gate_mutants(args) -> int:
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 1
-    command = " ".join(["specgate prove --gate-mutants", f"--sample {sample}", f"--seed {seed}",
-                        *(f"--module {m}" for m in args.module or ()), f"--jobs {args.jobs}"])
-    meta = {"command": command, "commit": commit(), "wall_s": wall, "jobs": args.jobs, "seed": seed,
-            "total": total, "modules": modules}
-    page.write_text(report.markdown(verdicts, meta), encoding="utf-8")
+    m.command = " ".join(["specgate prove --gate-mutants", f"--sample {sample}", f"--seed {seed}",
+                          *(f"--module {mod}" for mod in args.module or ()), f"--time-limit {limit:g}",
+                          f"--jobs {args.jobs}"])
+    m.commit = commit()
+    page.write_text(report.markdown(m), encoding="utf-8")
     print(f"wrote {page}")
-    print(report.final_line(verdicts, meta))
+    print(report.final_line(m))
     return 0

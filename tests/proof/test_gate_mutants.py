@@ -14,8 +14,16 @@ from gates.report import GateResult
 from mutants.proof import catalogue
 from mutants.proof.apply import copy_tree
 from mutants.proof.catalogue import Defect
-from mutants.proof.gate_mutant_report import KILLED, NOT_REACHED, SURVIVED, MutantVerdict, final_line, markdown
-from mutants.proof.gate_mutants import mutant_trees, prove_mutant, tree_kill
+from mutants.proof.gate_mutant_report import (
+    KILLED,
+    NOT_REACHED,
+    SURVIVED,
+    Measurement,
+    MutantVerdict,
+    final_line,
+    markdown,
+)
+from mutants.proof.gate_mutants import mutant_trees, prove_mutant, tree_command, tree_kill
 from mutants.proof.gate_reach import reached
 from mutants.proof.matrix import RAN, TIMEOUT, TreeRun
 from mutants.proof.mutant_source import as_mutant, function_of, module_path, mutate_files
@@ -213,6 +221,18 @@ def test_the_proof_kills_a_mutant_at_its_first_changed_judgement(tiny_tree, tmp_
     assert {p: p.read_bytes() for p in tiny_tree.rglob("*") if p.is_file() and ".git" not in p.parts} == before
 
 
+def test_a_mutant_the_time_limit_interrupts_is_not_judged(tiny_tree, tmp_path, compare_mutants):
+    import time
+    trees = mutant_trees(["emit-count"], [Defect("emit-count-differs", "x", ("emit-count",))], cuda=False, seconds={})
+    snapshot = copy_tree(tiny_tree, tmp_path / "snapshot")
+    (tmp_path / "work").mkdir()
+    t0 = time.perf_counter()
+    sleeps = lambda *_: [sys.executable, "-c", "import time; time.sleep(60)"]  # noqa: E731
+    assert prove_mutant(compare_mutants["if want == got:"], trees, snapshot, tmp_path / "work", jobs=2, timeout_s=90,
+                        command=sleeps, deadline=t0 + 1.0) is None
+    assert time.perf_counter() - t0 < 30  # its runs were ended, not waited for
+
+
 def test_a_tree_kills_when_its_judgement_changes():
     d = Defect("d", "x", ("combine", "emit-count"))
     green, red = GateResult("combine", status="green"), GateResult("combine", status="red")
@@ -237,6 +257,13 @@ def test_trees_run_clean_gates_first_then_defects_cheapest_first():
     assert mutant_trees([], [cheap], cuda=False, seconds={}) == []
 
 
+def test_a_tree_of_one_gate_ends_at_its_first_failed_or_errored_test():
+    one = tree_command(["emit-count"], Path("t.json"), "cpu", False)
+    assert one[:2] == ["env", "PYTEST_ADDOPTS=--exitfirst"] and "--stop-at-red" in one
+    two = tree_command(["combine", "emit-count"], Path("t.json"), "cpu", False)
+    assert "env" not in two and "--stop-at-red" in two and two[-3:] == ["--jobs", "1", "--stop-at-red"]
+
+
 def test_the_report_counts_each_side_and_lists_what_survived_both():
     diff = "--- a/gates/x.py\n+++ b/gates/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
     verdicts = [MutantVerdict("gates.x.x_f__mutmut_1", "gates/x.py", ["combine"], KILLED, "clean tree: combine red",
@@ -245,12 +272,12 @@ def test_the_report_counts_each_side_and_lists_what_survived_both():
                               diff=diff),
                 MutantVerdict("gates.x.x_g__mutmut_1", "gates/x.py", [], NOT_REACHED, "no gate", 0, 0.0, "survived",
                               "equivalent: the same", diff)]
-    meta = {"command": "specgate prove --gate-mutants", "commit": "abc", "wall_s": 12.0, "jobs": 2, "seed": 0,
-            "total": 40}
-    assert final_line(verdicts, meta) == ("proof kills 1 of 3 sampled gate-checking mutants (40 listed, seed 0), "
-                                          "unit tests kill 2 of the same 3; 1 survive both; 1 not reached by a gate "
-                                          "runnable here")
-    page = markdown(verdicts, meta)
+    m = Measurement(verdicts, listed=40, drawn=5, seed=0, stopped=True, wall_s=12.0,
+                    command="specgate prove --gate-mutants", commit="abc")
+    assert final_line(m) == ("proof kills 1 of 3 sampled gate-checking mutants (40 listed, seed 0; the first 3 of 5 "
+                             "drawn, stopped at the time limit), unit tests kill 2 of the same 3; 1 survive both; "
+                             "1 not reached by a gate runnable here")
+    page = markdown(m)
     assert "| `gates/x.py` | 3 | 1 | 2 | 1 |" in page
     assert "## Survived both (1)\n\n### `gates.x.x_g__mutmut_1`" in page
     assert "reviewed in equivalent-mutants.toml: equivalent: the same" in page

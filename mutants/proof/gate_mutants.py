@@ -1,5 +1,5 @@
-"""`specgate prove --gate-mutants [--sample N] [--seed S] [--module FILE ...] [--report FILE]`: the
-proof as a mutation suite of the gates' checking code.
+"""`specgate prove --gate-mutants [--sample N] [--seed S] [--module FILE ...] [--time-limit S]
+[--report FILE]`: the proof as a mutation suite of the gates' checking code.
 
 A mutant of the checking code (gates/compare.py, invariants.py, distribution.py, measure.py,
 acceptance.py: mutmut's own mutants, as `specgate mutate` lists them) that leaves every judgement
@@ -7,21 +7,22 @@ of the proof unchanged is a gate weakness the proof does not see. One pass:
 
     stage the mutation suite and list mutmut's mutants (mutants/mutation/) -> draw N of the gates'
     checking mutants uniformly with a fixed seed -> the mutation suite's verdict on each (mutmut's
-    cache, or `mutmut run` on them) -> per mutant: the gates that can run its function
-    (gate_reach.py), a copy of the tree with the mutant planted, and the proof's trees there:
-    the clean tree (those gates must stay green) and each defect naming one of them (those it
-    names must go red) -> killed at the first changed judgement -> report
+    cache, or `mutmut run` on them) -> per mutant, in an order shuffled by the seed: the gates
+    that can run its function (gate_reach.py), a copy of the tree with the mutant planted, and
+    the proof's trees there: the clean tree, a tree a gate (each must stay green), and each
+    defect naming one of those gates (those must go red) -> killed at the first changed
+    judgement -> until the time limit -> report (gate_mutant_report.py)
 
 A mutant no gate runnable here reaches is *not reached* (a survivor no tree could judge: busy's
 checks on a machine without CUDA). A tree that times out decides nothing: a mutant with no kill
-and a timeout is *undecided*, never counted as killed. Each tree stops its gates at their first
-failed check (`--stop-at-red`): red is all a tree's judgement reads. Defects claimed
-token-invisible are not re-checked for lossless staying green (the kill is a gate that goes red
-where it must not, or stays green where it must go red).
+and a timeout is *undecided*, never counted as killed; one the time limit interrupts is not
+judged at all. Each tree stops its gates at their first failed check (`--stop-at-red`): red is
+all a tree's judgement reads. Defects claimed token-invisible are not re-checked for lossless
+staying green (the kill is a gate that goes red where it must not, or stays green where it must
+go red).
 """
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +34,7 @@ from gates import timings
 from gates.registry import GATES, has_cuda
 from gates.report import GREEN, RED
 from mutants.mutation.results import load_equivalents, read_results, valid_cached
-from mutants.mutation.run import run_mutmut
+from mutants.mutation.run import git, run_mutmut
 from mutants.mutation.shard import bounded, list_mutants
 from mutants.mutation.stage import MUTATED_GATES, STAGING, SUITE, stage
 from mutants.proof import gate_mutant_report as report
@@ -233,11 +234,6 @@ def run_gate_mutants(sample_size: int, seed: int, modules: tuple[str, ...], jobs
     return m
 
 
-def commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return proc.stdout.strip() or "unknown"
-
-
 # ---- command line (`specgate prove --gate-mutants`, mutants/proof/prove.py) ------------------------
 def add_gate_mutant_args(p) -> None:
     from gates.argtypes import float_in, int_at_least, output_file
@@ -292,7 +288,7 @@ def cmd_gate_mutants(args) -> int:
     m.command = " ".join(["specgate prove --gate-mutants", f"--sample {sample}", f"--seed {seed}",
                           *(f"--module {mod}" for mod in args.module or ()), f"--time-limit {limit:g}",
                           f"--jobs {args.jobs}"])
-    m.commit = commit()
+    m.commit = git(["rev-parse", "--short", "HEAD"], REPO).strip()
     page.write_text(report.markdown(m), encoding="utf-8")
     print(f"wrote {page}")
     print(report.final_line(m))

@@ -80,9 +80,10 @@ def draft_q_difference(calls: list[dict]) -> Difference | None:
             return diff("q(draft) > 0", "> 0", q_x.tolist()[:2])
         want = processed_probs(c["logits"][sampled], t[:, None], top_k[:, None], top_p[:, None])
         if not torch.allclose(want, q, atol=1e-6):
-            return diff(f"the drafter's logits processed like p (temperature {float(t[0])}, top_k {int(top_k[0])}, "
-                        f"top_p {float(top_p[0]):.3f}), support size", int((want[0, 0] > 0).sum()),
-                        int((q[0, 0] > 0).sum()))
+            r, j = (~torch.isclose(want, q, rtol=1e-5, atol=1e-6)).any(-1).nonzero()[0].tolist()  # the first row off
+            return diff(f"the drafter's logits processed like p (temperature {float(t[r]):g}, top_k {int(top_k[r])}, "
+                        f"top_p {float(top_p[r]):g}) at sampled row {r}, draft {j}, support",
+                        torch.nonzero(want[r, j]).flatten().tolist(), torch.nonzero(q[r, j]).flatten().tolist())
         positions = c["num_committed"][sampled][:, None] + torch.arange(k)  # the drafts' positions
         redrawn = sample_from_probs(q, c["keys"][sampled][:, None], positions, STREAM_DRAFT)
         if not torch.equal(redrawn, drafts):

@@ -198,6 +198,20 @@ DEFECTS = (
            "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
            "the cuts bind, which the verify chi-square with its own q never made them do).",
            ("lossless",)),
+    Defect("draft-q-top-k-ties-cut-by-rank",
+           "p and q processed by two rules: the block drafter drops all but the top_k best logits by rank before "
+           "the shared processing, so at a tie at the k-th logit (frequent in bfloat16) q keeps exactly k tokens, "
+           "the sort's choice among equals, while verify's p keeps every tied token. Its drafts still come from "
+           "the q it hands verify, so the output stays lossless; float32 logits almost never tie, so only a "
+           "check of q against p on tied rows sees it.",
+           ("lossless",)),
+    Defect("verify-p-top-p-before-temperature",
+           "p and q processed in two orders: verify cuts top-k/top-p on the untempered logits and applies the "
+           "temperature to the tokens kept, while the drafter's q (and the documented rule) tempers first, so "
+           "wherever temperature is not 1 and top-p binds, p keeps another set of tokens than q of the same "
+           "row (the gate's float32 sampled runs are at temperature 1, or top-p 0.9 at 0.8, where it barely "
+           "shows).",
+           ("lossless",)),
     # ---- LLM options that change the token path ---------------------------------------------------
     Defect("dtype-overridden-by-checkpoint",
            "An LLM option silently ignored: the checkpoint's dtype (config.json's torch_dtype) overrides the "

@@ -13,7 +13,10 @@ A seeded sampled run is also the same on both runners and in the graph arm, toke
 the distribution test covers the graph arm's output too. Sampled requests without a seed take
 their keys from the engine's seed: reproducible under the same engine seed (and runner), different
 under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
-bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
+bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference). A
+sampled bfloat16 run at binding top-k/top-p, where the k-th logit is often tied, passes the PIT
+test and a verify chi-square at a tied cut (with its negative control), and on its tied rows
+verify's p equals the block drafter's q of the same row and parameters (gates/pq_rule.py).
 Over 300 lines because it is one gate: its greedy, distribution, bfloat16 and engine-seed checks
 report one set of claims and share its fixtures and workloads.
 """
@@ -27,15 +30,21 @@ from engine.verify import verify
 from gates import distribution
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
-from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
+from gates.draft_q import (
+    DraftRecorder,
+    binding_steps,
+    cut_counts,
+    draft_q_difference,
+    engine_q_p_values,
+    telling_verify_row,
+    tied_verify_row,
+)
 from gates.plugin import SESSION_PLUGIN
 from gates.pq_rule import (
     StepRecorder,
-    cut_counts,
     one_rule_difference,
     proposer_q,
     tie_rows,
-    tied_verify_row,
     verify_accepts,
 )
 from gates.reference import (

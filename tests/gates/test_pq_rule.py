@@ -9,16 +9,15 @@ import torch
 from engine.proposers import ProposeInput
 from engine.sampling import SamplingTensors, processed_probs
 from engine.verify import verify
+from gates.draft_q import cut_counts, tied_verify_row
 from gates.pq_rule import (
     EPS,
     SampledRow,
-    cut_counts,
     one_rule_difference,
     proposer_q,
     tie_parameters,
     tie_rows,
     tied_at_k,
-    tied_verify_row,
     verify_accepts,
 )
 

@@ -106,7 +106,11 @@ def test_tied_rows_give_the_same_p_whatever_the_batch_shape_and_dtype(seed):
 
 
 def test_top_k_beyond_the_finite_logits_or_the_vocabulary():
-    """top_k past the vocabulary keeps every token; past the finite logits, the -inf ones get 0."""
+    """top_k at or past the vocabulary keeps every token; past the finite logits, the -inf ones get 0."""
+    distinct = torch.tensor([3.0, 1.0, 2.0, 0.0])
+    for top_k in (4, 5, 2 ** 63 - 1):
+        assert process(distinct, top_k=top_k).tolist() == process(distinct).tolist()
+    assert support(process(distinct, top_k=3)) == {0, 1, 2}
     logits = torch.tensor([1.0, -math.inf, 0.0, -math.inf])
     assert process(logits, top_k=3).tolist() == process(logits).tolist()
     assert process(logits, top_k=2 ** 63 - 1).tolist() == process(logits).tolist()

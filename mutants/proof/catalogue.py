@@ -203,14 +203,14 @@ DEFECTS = (
            "the shared processing, so at a tie at the k-th logit (frequent in bfloat16) q keeps exactly k tokens, "
            "the sort's choice among equals, while verify's p keeps every tied token. Its drafts still come from "
            "the q it hands verify, so the output stays lossless; float32 logits almost never tie, so only a "
-           "check of q against p on tied rows sees it.",
+           "check of q against p on tied rows sees it (the bfloat16 run's stored q, the one-rule check).",
            ("lossless",)),
-    Defect("verify-p-top-p-before-temperature",
-           "p and q processed in two orders: verify cuts top-k/top-p on the untempered logits and applies the "
-           "temperature to the tokens kept, while the drafter's q (and the documented rule) tempers first, so "
-           "wherever temperature is not 1 and top-p binds, p keeps another set of tokens than q of the same "
-           "row (the gate's float32 sampled runs are at temperature 1, or top-p 0.9 at 0.8, where it barely "
-           "shows).",
+    Defect("verify-p-top-k-ties-cut-by-rank",
+           "p and q processed by two rules, on verify's side: verify drops all but the top_k best logits by rank "
+           "before the shared processing, so at a tie at the k-th logit p keeps exactly k tokens (the sort's "
+           "choice among equals) while the drafter's q and the sampler's rule keep every tied token: a tied "
+           "token the rule allows is never emitted. float32 logits almost never tie, so every float32 check "
+           "stays green; a verify chi-square at a tied bfloat16 cut and the one-rule check see it.",
            ("lossless",)),
     # ---- LLM options that change the token path ---------------------------------------------------
     Defect("dtype-overridden-by-checkpoint",

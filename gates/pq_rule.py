@@ -151,7 +151,8 @@ def tie_rows(rows: list[torch.Tensor], temperatures=(0.8, 1.0, 1.3), limit: int 
     if not picked:
         raise ValueError("no recorded row has a tie group a cut can land in")
     t, k, p, kinds = zip(*params)
-    return TieRows(torch.stack(picked), torch.tensor(t), torch.tensor(k), torch.tensor(p), tuple(kinds))
+    return TieRows(logits=torch.stack(picked), temperature=torch.tensor(t), top_k=torch.tensor(k),
+                   top_p=torch.tensor(p), kinds=tuple(kinds))
 
 
 @torch.inference_mode()
@@ -165,8 +166,8 @@ def proposer_q(recorder: StepRecorder, rows: TieRows) -> torch.Tensor:
     pick = torch.arange(n, device=device) % inp.token_ids.shape[0]
     sampling = SamplingTensors(temperature=rows.temperature.to(device), top_k=rows.top_k.to(device),
                                top_p=rows.top_p.to(device), keys=inp.sampling.keys[pick])
-    probe = ProposeInput(inp.token_ids[pick], inp.num_committed[pick], sampling, inp.slots[pick],
-                         inp.block_tables[pick])
+    probe = ProposeInput(token_ids=inp.token_ids[pick], num_committed=inp.num_committed[pick], sampling=sampling,
+                         slots=inp.slots[pick], block_tables=inp.block_tables[pick])
     target = recorder.runner.proposer.target
     handed = []
 
@@ -216,7 +217,7 @@ def probes(q: torch.Tensor, u: torch.Tensor) -> Probes:
     expect = torch.cat([torch.zeros(m0, dtype=torch.bool), torch.ones(m1, dtype=torch.bool),
                         torch.zeros(m1, dtype=torch.bool)])
     what = ("support",) * m0 + ("not below",) * m1 + ("not above",) * m1
-    return Probes(row, token, q_prime.float(), expect, what)
+    return Probes(row=row, token=token, q_prime=q_prime.float(), expect_accept=expect, what=what)
 
 
 def probe_keys(num: int) -> tuple[torch.Tensor, torch.Tensor]:

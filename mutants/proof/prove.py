@@ -14,9 +14,7 @@ copy runs every gate. Everything is written under one temporary folder, removed 
 when interrupted; the working tree is only read.
 """
 import argparse
-import contextlib
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -27,12 +25,12 @@ from pathlib import Path
 from gates import timings
 from gates.argtypes import device, float_in, int_at_least, output_file
 from gates.registry import GATES, has_cuda
+from mutants.proof import gate_mutants, matrix
 from mutants.proof import html as proof_html
-from mutants.proof import matrix
 from mutants.proof.apply import StalePatch, copy_tree, patched_files
 from mutants.proof.catalogue import Defect, by_name
 from mutants.proof.matrix import CLEAN, NEEDS_CUDA, RAN, STALE, Proof, TreeRun
-from mutants.proof.prover import Prover, gate_command
+from mutants.proof.prover import Prover, ending_on_signals, gate_command
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT_S = 900
@@ -221,12 +219,19 @@ def add_prove_parser(subparsers) -> None:
     p.add_argument("--jobs", type=int_at_least(1), default=2, metavar="N", help="trees proven in parallel (default 2)")
     p.add_argument("--device", type=device, default="cpu", help="device the CPU gates run the engine on (default cpu); "
                    "defects that need CUDA always run on cuda")
-    p.add_argument("--timeout", type=float_in(0.0, lo_open=True), default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help=f"seconds one tree's gate run may take; a timeout fails (default {DEFAULT_TIMEOUT_S})")
+    p.add_argument("--timeout", type=float_in(0.0, lo_open=True), default=None, metavar="S",
+                   help=f"seconds one tree's gate run may take; a timeout fails (default {DEFAULT_TIMEOUT_S}; "
+                   f"{gate_mutants.DEFAULT_TIMEOUT_S} with --gate-mutants)")
+    gate_mutants.add_gate_mutant_args(p)
     p.set_defaults(func=cmd_prove)
 
 
 def cmd_prove(args) -> int:
+    if args.gate_mutants:
+        return gate_mutants.cmd_gate_mutants(args)
+    if stray := gate_mutants.flags_given(args):
+        print(f"specgate: error: {', '.join(stray)} go with --gate-mutants", file=sys.stderr)
+        return 2
     try:
         defects = by_name(args.defects)
     except KeyError as e:
@@ -235,7 +240,8 @@ def cmd_prove(args) -> int:
     if args.jobs < 1:
         print("specgate: error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    options = ProveOptions(args.jobs, args.full, args.device, args.timeout, complete=not args.defects)
+    options = ProveOptions(args.jobs, args.full, args.device, args.timeout or DEFAULT_TIMEOUT_S,
+                           complete=not args.defects)
     try:
         with ending_on_signals():
             proof = prove(defects, options)
@@ -267,20 +273,6 @@ def cmd_prove(args) -> int:
     if not (args.json or args.markdown or html):
         print("wrote nothing (give --json, --markdown or --html FILE)")
     return v.exit_status
-
-
-@contextlib.contextmanager
-def ending_on_signals():
-    """SIGTERM and SIGHUP end prove like Ctrl-C does: the gate runs it started are ended and its
-    temporary folder removed (the default action would leave both behind)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def main(argv=None) -> int:

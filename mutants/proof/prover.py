@@ -5,6 +5,7 @@ reported. mutants/proof/prove.py runs the trees in parallel and judges them.
 Gates run as `python -m gates.cli gates run NAMES --json FILE` inside the copy, under the
 Hypothesis 'ci' profile, with the copy first on PYTHONPATH and checked to be what imports.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -134,3 +135,17 @@ def log_tail(path: Path, lines: int = 30) -> str:
     if not path.is_file():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def ending_on_signals():
+    """SIGTERM and SIGHUP end prove like Ctrl-C does: the gate runs it started are ended and its
+    temporary folder removed (the default action would leave both behind)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

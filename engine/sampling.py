@@ -122,18 +122,29 @@ def processed_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     logits [..., V]; temperature, top_k, top_p broadcast to logits.shape[:-1]. Greedy rows
     (temperature 0) get a one-hot distribution on the argmax, so p and q are always computed
     by this one function and processed identically.
+
+    Both cuts are thresholds on values, never positions in the sort: top-k keeps every token whose
+    logit reaches the k-th largest (all the tokens tied there stay, as in vLLM and transformers);
+    top-p keeps the shortest run of the largest renormalised probabilities whose mass reaches top_p,
+    and every token tied with the last one kept. So the result depends on the row's values alone:
+    the order a sort gives equal values (which differs between devices, between sort and topk, and
+    is unspecified) cannot change it, and bfloat16's frequent ties cut p and q the same way.
     """
     greedy = temperature < MIN_TEMPERATURE
     scaled = logits / torch.where(greedy, 1.0, temperature)[..., None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(logits.shape[-1], device=logits.device)
-    k = torch.where(top_k > 0, top_k, logits.shape[-1])
-    in_top_k = rank < k[..., None]
+    vocab = logits.shape[-1]
+    rank = torch.arange(vocab, device=logits.device)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab).expand(scaled.shape[:-1])
+    kth_largest = sorted_logits.gather(-1, k[..., None] - 1)
+    in_top_k = sorted_logits >= kth_largest
     sorted_probs = torch.softmax(sorted_logits.masked_fill(~in_top_k, -math.inf), dim=-1)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     # top_p 1.0 keeps everything: the float32 running sum can round to 1.0 before the tail.
-    keep = in_top_k & ((mass_before < top_p[..., None]) | (rank == 0) | (top_p[..., None] >= 1.0))
-    sorted_probs = torch.softmax(sorted_logits.masked_fill(~keep, -math.inf), dim=-1)
+    reaching = in_top_k & ((mass_before < top_p[..., None]) | (rank == 0) | (top_p[..., None] >= 1.0))
+    # The run is a prefix of the sort; its last value is the cut, so its whole tie group stays.
+    smallest_kept = sorted_logits.gather(-1, reaching.sum(-1, keepdim=True) - 1)
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(sorted_logits < smallest_kept, -math.inf), dim=-1)
     probs = torch.empty_like(sorted_probs).scatter_(-1, order, sorted_probs)
     one_hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
     return torch.where(greedy[..., None], one_hot, probs)

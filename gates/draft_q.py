@@ -13,7 +13,9 @@ top-k/top-p leaves in p and q, passes it. Here:
 - `engine_q_p_values` runs verify N times on one recorded verify row (the target's logits there
   and the drafter's q) and tests the tokens emitted at every position against p, in float64, with
   a chi-square over p's support; a token outside the support fails outright.
-- `binding_steps` counts the emitted tokens where top-k and top-p each removed probability mass.
+- `binding_steps` counts the emitted tokens where top-k and top-p each removed probability mass;
+  `cut_counts` the same over a StepRecorder's verify rows (gates/pq_rule.py), with the rows whose
+  top-k cut is inside a tie group; `tied_verify_row` picks such a row for `engine_q_p_values`.
 """
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ from scipy.stats import chisquare
 from engine.sampling import STREAM_DRAFT, SamplingTensors, processed_probs, sample_from_probs
 from engine.verify import verify
 from gates.compare import Difference
+from gates.pq_rule import SampledRow, sorted_scaled, tied_at_k
 
 BINDING_MASS = 1e-3     # a cut binds at a step when it removes at least this much probability
 MIN_EXPECTED = 5        # chi-square cells expected fewer times than this are pooled into one
@@ -80,9 +83,10 @@ def draft_q_difference(calls: list[dict]) -> Difference | None:
             return diff("q(draft) > 0", "> 0", q_x.tolist()[:2])
         want = processed_probs(c["logits"][sampled], t[:, None], top_k[:, None], top_p[:, None])
         if not torch.allclose(want, q, atol=1e-6):
-            return diff(f"the drafter's logits processed like p (temperature {float(t[0])}, top_k {int(top_k[0])}, "
-                        f"top_p {float(top_p[0]):.3f}), support size", int((want[0, 0] > 0).sum()),
-                        int((q[0, 0] > 0).sum()))
+            r, j = (~torch.isclose(want, q, rtol=1e-5, atol=1e-6)).any(-1).nonzero()[0].tolist()  # the first row off
+            return diff(f"the drafter's logits processed like p (temperature {float(t[r]):g}, top_k {int(top_k[r])}, "
+                        f"top_p {float(top_p[r]):g}) at sampled row {r}, draft {j}, support",
+                        torch.nonzero(want[r, j]).flatten().tolist(), torch.nonzero(q[r, j]).flatten().tolist())
         positions = c["num_committed"][sampled][:, None] + torch.arange(k)  # the drafts' positions
         redrawn = sample_from_probs(q, c["keys"][sampled][:, None], positions, STREAM_DRAFT)
         if not torch.equal(redrawn, drafts):
@@ -180,3 +184,51 @@ def telling_verify_row(model, calls: list[dict], limit: int = 64,
         raise ValueError(f"no recorded sampled row reaches its last draft with probability {min_reach} and "
                          f"disagrees with the target")
     return best
+
+
+def tied_verify_row(rows: list[SampledRow], min_disagreement: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Among recorded rows with drafts and their q, the draft position whose top-k cut lands inside
+    a tie group that top-p keeps (tokens tied at the k-th largest logit have p > 0 past the first
+    k) with the most mass in that group, among those where p and q differ by at least
+    `min_disagreement` (1 - sum(min(p, q)): what a lossy verify gets wrong). Returns (target
+    logits [2, V] at that position and the next, q [1, V] there, its sampling parameters)."""
+    best, best_mass = None, 0.0
+    for row in rows:
+        n = row.num_draft
+        if row.q is None or n == 0:
+            continue
+        p = processed_probs(row.logits[:n], torch.full((n,), row.temperature), torch.full((n,), row.top_k),
+                            torch.full((n,), row.top_p))
+        for j in range(n):
+            if not tied_at_k(row.logits[j], row.temperature, row.top_k) or int((p[j] > 0).sum()) <= row.top_k:
+                continue
+            scaled = row.logits[j].float() / torch.tensor(row.temperature, dtype=torch.float32)
+            mass = float(p[j][scaled == sorted_scaled(row.logits[j], row.temperature)[row.top_k - 1]].sum())
+            if 1 - float(torch.minimum(p[j], row.q[j]).sum()) >= min_disagreement and mass > best_mass:
+                best = (row.logits[j:j + 2], row.q[j:j + 1],
+                        dict(temperature=row.temperature, top_k=row.top_k, top_p=row.top_p))
+                best_mass = mass
+    if best is None:
+        raise ValueError("no recorded sampled draft position has a top-k cut inside a tie group that top-p keeps "
+                         f"and p and q differing by {min_disagreement}")
+    return best
+
+
+def cut_counts(rows: list[SampledRow], binding_mass: float = 1e-3) -> dict[str, int]:
+    """Over every position of the recorded rows: where top-k removed at least `binding_mass` of p,
+    where top-p then did, where the top-k cut is inside a tie group (the k-th largest logit equals
+    the next), and where that tie group is kept by top-p too."""
+    counts = dict(top_k=0, top_p=0, tied_at_k=0, tied_and_kept=0)
+    for row in rows:
+        n = row.logits.shape[0]
+        t = torch.full((n,), row.temperature)
+        plain = processed_probs(row.logits, t, torch.full((n,), -1), torch.ones(n))
+        top_k_only = processed_probs(row.logits, t, torch.full((n,), row.top_k), torch.ones(n))
+        both = processed_probs(row.logits, t, torch.full((n,), row.top_k), torch.full((n,), row.top_p))
+        counts["top_k"] += int((plain.masked_fill(top_k_only > 0, 0).sum(-1) >= binding_mass).sum())
+        counts["top_p"] += int((top_k_only.masked_fill(both > 0, 0).sum(-1) >= binding_mass).sum())
+        for logits, kept in zip(row.logits, (both > 0).sum(-1).tolist()):
+            if tied_at_k(logits, row.temperature, row.top_k):
+                counts["tied_at_k"] += 1
+                counts["tied_and_kept"] += kept > row.top_k
+    return counts

@@ -24,6 +24,9 @@ step starting where the last one ended. And two references need no second run:
 
 A record is *real* when its results reached the request; the async runner also traces the step
 it launched past a request's end, which emits nothing.
+
+Over 300 lines because it is the one place every check of a trace against itself lives: they
+share its record helpers, and mutation runs name this module as the gates' checking code.
 """
 from engine.trace import RequestTrace, StepTrace
 from gates.compare import Difference, step_of

@@ -20,7 +20,10 @@ the same alone and batched, with and without preemption, on every drafter and pl
 (gates/seeded.py). Sampled requests without a seed take
 their keys from the engine's seed: reproducible under the same engine seed (and runner), different
 under another. In bfloat16, spec and plain greedy runs equal each other and the naive reference in
-bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference).
+bfloat16 up to near-ties of bfloat16's precision (gates/reference.py near_tie_difference). A
+sampled bfloat16 run at binding top-k/top-p, where the k-th logit is often tied, passes the PIT
+test and a verify chi-square at a tied cut (with its negative control), and on its tied rows
+verify's p equals the block drafter's q of the same row and parameters (gates/pq_rule.py).
 Over 300 lines because it is one gate: its greedy, distribution, bfloat16 and engine-seed checks
 report one set of claims and share its fixtures and workloads.
 """
@@ -34,9 +37,24 @@ from engine.verify import verify
 from gates import distribution, seeded
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
-from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
+from gates.draft_q import (
+    DraftRecorder,
+    binding_steps,
+    cut_counts,
+    draft_q_difference,
+    engine_q_p_values,
+    telling_verify_row,
+    tied_verify_row,
+)
 from gates.invariants import history_difference
 from gates.plugin import SESSION_PLUGIN
+from gates.pq_rule import (
+    StepRecorder,
+    one_rule_difference,
+    proposer_q,
+    tie_rows,
+    verify_accepts,
+)
 from gates.processors import WHOLE_HISTORY
 from gates.reference import (
     bigram_repeats,
@@ -66,14 +84,20 @@ CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", 
           "block drafter q negative control failed", "bfloat16 engine", "bfloat16 drafts accepted",
           "unseeded sampled requests keyed by the engine seed", "logits processor histories checked call by call",
           "whole-history logits processors", "a request with logits processors preempted",
-          "a finish truncated a verify step beside whole-history processors",
-          "seeded sampled preemption (sync runner)", "seeded sampled preemption (async runner)",
-          "seeded resume verified drafts it held", "seeded sampled batch")
+          "a finish truncated a verify step beside whole-history processors", "bfloat16 sampled top-k bound",
+          "bfloat16 sampled top-p bound", "bfloat16 top-k cut inside a tie group",
+          "bfloat16 tied row negative control failed", "p and q by one rule at a top-k tie",
+          "p and q by one rule at a top-p tie", "seeded sampled preemption (sync runner)",
+          "seeded sampled preemption (async runner)", "seeded resume verified drafts it held", "seeded sampled batch")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
 BINDING = SAMPLING["t0.8-topk20-topp0.9"]
 ENGINE_Q_ROUNDS = 20_000
+# bfloat16 sampled: bfloat16 rounds the logits, so the k-th largest is often tied with the next
+# (1 row in 30 at top_k 5); at these parameters top-k cuts about 70% of rows and top-p 60%.
+BF16_BINDING = dict(temperature=1.0, top_k=5, top_p=0.95)
+BF16_REQUESTS, BF16_TOKENS, BF16_ROUNDS = 16, 24, 4_000
 # Small on purpose: bfloat16 is judged per token against a dense forward, and the engine seed
 # needs only a few sampled tokens to tell two seeds apart.
 BF16_WORKLOAD = Workload(prompts=tuple(PROMPTS[i] for i in (0, 3, 6, 7)), max_tokens=(16, 24, 12, 20),
@@ -223,10 +247,10 @@ def engine_p_values(llm, outs, params, drafter: str) -> dict[str, tuple[int, flo
     return out
 
 
-def sampled_workload(sampling: dict) -> tuple[list[str], list[SamplingParams]]:
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(SAMPLED_REQUESTS)]
-    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **sampling)
-              for i in range(SAMPLED_REQUESTS)]
+def sampled_workload(sampling: dict, requests: int = SAMPLED_REQUESTS,
+                     tokens: int = SAMPLED_TOKENS) -> tuple[list[str], list[SamplingParams]]:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
+    params = [SamplingParams(max_tokens=tokens, seed=i, ignore_eos=True, **sampling) for i in range(requests)]
     return prompts, params
 
 
@@ -321,6 +345,76 @@ def test_a_seeded_request_draws_its_tokens_alone_batched_and_preempted_alike(mak
         gate_record.occurred("seeded resume verified drafts it held", seeded.resumes_with_drafts(r) > 0)
         gate_record.occurred("seeded sampled batch", max(s.num_reqs for s in r.trace) > 1)
         gate_record.occurred("sampled graph arm", any(route.endswith("/graph") for route in r.routes))
+
+
+@pytest.fixture(scope="module")
+def bf16_sampled(make_llm, request):
+    """One sampled bfloat16 run of the block drafter at BF16_BINDING (sync runner), every verify and
+    propose call recorded (StepRecorder, then DraftRecorder around it)."""
+    if "block" in request.config.pluginmanager.get_plugin(SESSION_PLUGIN).skipped_drafters():
+        pytest.skip("the block drafter does not fit this target")
+    llm = make_llm(spec="block", num_spec_tokens=4, dtype="bfloat16", max_num_seqs=BF16_REQUESTS,
+                   async_runner=False)
+    steps = StepRecorder(llm)  # first: its verify and propose are the runner's own, for the probes
+    drafts = DraftRecorder(llm)
+    prompts, params = sampled_workload(BF16_BINDING, BF16_REQUESTS, BF16_TOKENS)
+    outs = llm.generate(prompts, params)
+    return dict(llm=llm, outs=outs, params=params, steps=steps, drafts=drafts, rows=steps.sampled_rows())
+
+
+@pytest.mark.parametrize("drafter", ["block"])
+def test_bfloat16_sampled_run_at_binding_top_k_top_p(gate_record, bf16_sampled, drafter):
+    """bfloat16 logits at binding top-k and top-p: the cuts bind, top-k's cut falls inside tie groups
+    top-p keeps, the drafter's q is its logits processed like p, and the tokens pass the PIT test."""
+    run = bf16_sampled
+    gate_record.case(level="engine", dtype="bfloat16", drafter=drafter, requests=BF16_REQUESTS, tokens=BF16_TOKENS,
+                     **BF16_BINDING)
+    gate_record.check(draft_q_difference(run["drafts"].calls), "bfloat16: stored draft q")
+    counts = cut_counts(run["rows"])
+    gate_record.occurred("bfloat16 sampled top-k bound", counts["top_k"] > 0)
+    gate_record.occurred("bfloat16 sampled top-p bound", counts["top_p"] > 0)
+    gate_record.occurred("bfloat16 top-k cut inside a tie group", counts["tied_and_kept"] > 0)
+    tests = engine_p_values(run["llm"], run["outs"], run["params"], drafter)
+    gate_record.measure(dtype="bfloat16", cut_rows=counts, tests={n: {"values": v, "p_value": pv}
+                                                                   for n, (v, pv) in tests.items()})
+    gate_record.evidence(tests=tests, threshold=P_VALUE_THRESHOLD, cut_rows=counts)
+    for name, (_, p_value) in tests.items():
+        assert p_value > P_VALUE_THRESHOLD, \
+            f"bfloat16 sampled {name} are not distributed as the target (PIT p={p_value:.2e})"
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["verify", "negative-control"])
+@pytest.mark.parametrize("drafter", ["block"])
+def test_bfloat16_verify_at_a_tied_top_k_cut_emits_the_target_distribution(gate_record, bf16_sampled, drafter, lossy):
+    """A recorded bfloat16 draft position whose top-k cut is inside a tie group that top-p keeps,
+    with the drafter's own q there, verified BF16_ROUNDS times: the tokens follow p over its whole
+    support (every tied token included); a lossy verify fails."""
+    target_logits, q, params = tied_verify_row(bf16_sampled["rows"])
+    gate_record.case(level="verify", dtype="bfloat16", drafter="block q at a tie", lossy=lossy, rounds=BF16_ROUNDS,
+                     **params)
+    results = engine_q_p_values(target_logits, q, params["temperature"], params["top_k"], params["top_p"],
+                                BF16_ROUNDS, distribution.wrong_q_verify if lossy else verify)
+    gate_record.measure(dtype="bfloat16", lossy=lossy, positions=[{"rounds": n, "p_value": pv} for n, pv in results])
+    judge_positions(gate_record, results, lossy, "bfloat16 tied row negative control failed",
+                    "verify at a tied top-k cut")
+
+
+@pytest.mark.parametrize("drafter", ["block"])
+def test_verify_p_and_the_proposers_q_are_processed_by_one_rule(gate_record, bf16_sampled, gate_device, drafter):
+    """Recorded bfloat16 logits rows, each with parameters that put a top-k or top-p cut inside a tie
+    group: the q the runner's propose returns for the row and the p verify judges it with (read from
+    its accept decisions, gates/pq_rule.py) have the same support and the same values."""
+    steps = bf16_sampled["steps"]
+    assert steps.runner.proposer.has_q, "the block proposer hands verify its q"
+    rows = tie_rows([logits for row in bf16_sampled["rows"] for logits in row.logits], limit=12)
+    gate_record.case(level="verify and propose", dtype="bfloat16", rows=len(rows.kinds), kinds=list(rows.kinds),
+                     top_k=rows.top_k.tolist(), top_p=rows.top_p.tolist())
+    q = proposer_q(steps, rows)
+    probes, accepted = verify_accepts(steps.verify, rows, q, gate_device)
+    gate_record.measure(probes=len(accepted), support=int((q > 0).sum()))
+    gate_record.check(one_rule_difference(rows, q, probes, accepted), "p and q of one row")
+    gate_record.occurred("p and q by one rule at a top-k tie", "top-k" in rows.kinds)
+    gate_record.occurred("p and q by one rule at a top-p tie", "top-p" in rows.kinds or "both" in rows.kinds)
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLING))

@@ -234,6 +234,20 @@ DEFECTS = (
            "target distribution loses its cut, so tokens outside top-k/top-p are emitted (only visible when "
            "the cuts bind, which the verify chi-square with its own q never made them do).",
            ("lossless",)),
+    Defect("draft-q-top-k-ties-cut-by-rank",
+           "p and q processed by two rules: the block drafter drops all but the top_k best logits by rank before "
+           "the shared processing, so at a tie at the k-th logit (frequent in bfloat16) q keeps exactly k tokens, "
+           "the sort's choice among equals, while verify's p keeps every tied token. Its drafts still come from "
+           "the q it hands verify, so the output stays lossless; float32 logits almost never tie, so only a "
+           "check of q against p on tied rows sees it (the bfloat16 run's stored q, the one-rule check).",
+           ("lossless",)),
+    Defect("verify-p-top-k-ties-cut-by-rank",
+           "p and q processed by two rules, on verify's side: verify drops all but the top_k best logits by rank "
+           "before the shared processing, so at a tie at the k-th logit p keeps exactly k tokens (the sort's "
+           "choice among equals) while the drafter's q and the sampler's rule keep every tied token: a tied "
+           "token the rule allows is never emitted. float32 logits almost never tie, so every float32 check "
+           "stays green; a verify chi-square at a tied bfloat16 cut and the one-rule check see it.",
+           ("lossless",)),
     # ---- LLM options that change the token path ---------------------------------------------------
     Defect("dtype-overridden-by-checkpoint",
            "An LLM option silently ignored: the checkpoint's dtype (config.json's torch_dtype) overrides the "

@@ -158,12 +158,15 @@ def test_top_k_keeps_exactly_the_k_largest(seed, vocab, data):
     torch.testing.assert_close(probs[logits.topk(k).indices], expected)
 
 
-@pytest.mark.parametrize("vocab, top_p, kept", [(2, 0.5, 1), (4, 0.25, 1), (4, 0.5, 2), (4, 0.75, 3)])
-def test_top_p_stops_at_the_token_whose_mass_reaches_p_exactly(vocab, top_p, kept):
-    """Equal logits give each token exactly 1 / vocab, so the running mass meets top_p exactly:
-    the smallest prefix reaching top_p is kept, and not one token more."""
-    probs = process(torch.zeros(vocab), top_p=top_p)
-    assert len(support(probs)) == kept
+@pytest.mark.parametrize("kept", [1, 2, 3])
+def test_top_p_stops_at_the_token_whose_mass_reaches_p_exactly(kept):
+    """top_p set to the float32 mass before token `kept` (as the sampler sums it): the run of
+    tokens whose mass before them is below top_p is kept, and not one token more."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    sorted_probs = torch.softmax(logits, -1)
+    top_p = float((sorted_probs.cumsum(-1) - sorted_probs)[kept])
+    probs = process(logits, top_p=top_p)
+    assert support(probs) == set(range(kept))
     assert probs.sum().item() == pytest.approx(1.0)
 
 

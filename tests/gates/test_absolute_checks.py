@@ -69,7 +69,29 @@ def test_q_taken_before_top_k_and_top_p_is_caught():
     call = proposal()
     call["q"] = torch.softmax(call["logits"] / 0.8, -1)
     diff = draft_q_difference([call])
-    assert diff is not None and "support size" in diff.what
+    assert diff is not None and "support" in diff.what
+    assert len(diff.expected) <= 5 and len(diff.actual) == 40
+
+
+def test_q_that_cuts_a_tied_k_th_logit_by_rank_is_caught_at_its_row():
+    """Row 4, draft 1 has its 5th and 6th largest logits tied: a q that keeps exactly 5 by rank
+    (the sort's choice among equals) is named there; the engine's rule keeps both."""
+    call = proposal()
+    row = call["logits"][4, 1]
+    order = row.argsort(descending=True)
+    row[order[5]] = row[order[4]]
+    call["q"] = processed_probs(call["logits"], call["temperature"][:, None], call["top_k"][:, None],
+                                torch.ones(6, 1))
+    call["top_p"] = torch.ones(6)
+    tied = call["q"][4, 1].clone()
+    assert int((tied > 0).sum()) == 6
+    tied[order[5]] = 0
+    call["q"][4, 1] = tied / tied.sum()
+    call["drafts"] = sample_from_probs(call["q"], call["keys"][:, None],
+                                       call["num_committed"][:, None] + torch.arange(3), STREAM_DRAFT)
+    diff = draft_q_difference([call])
+    assert diff is not None and "sampled row 4, draft 1" in diff.what
+    assert (len(diff.expected), len(diff.actual)) == (6, 5)
 
 
 def test_q_at_another_temperature_is_caught():

@@ -9,6 +9,9 @@ without CUDA it is listed and reported skipped.
 
 proven_against() joins DEFECTS with the gate registry's names: which defects each gate is proven
 against (`specgate gates list`, the gates' reports). Add a defect: see mutants/README.md.
+
+Over 300 lines because it is the one list of every seeded defect, each entry the sentences of the
+failure it models: prove, the gates' reports and docs/proof.md read it whole.
 """
 from collections.abc import Iterable
 from dataclasses import dataclass

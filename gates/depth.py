@@ -42,10 +42,13 @@ from gates.workloads import Run, Workload
 K, TAU = 4, 4.2       # the oracle's drafts per step and requested tokens per step
 BAND = 4.0            # standard errors of the mean allowed around TAU per bucket
 # A plain step's growth over the shallowest depth, at most this many times the added KV read at
-# the copy bandwidth: the sdpa gather reads the context and writes a copy, padded to its bucket,
-# that attention reads again; 8 leaves room for that and is still far below anything that grows
-# faster than the context.
-STEP_GROWTH_FACTOR = 8.0
+# the copy bandwidth. The bytes the sdpa decode step moves per context position: the gather reads
+# the keys and values and writes a copy (2), SDPA's math kernel expands a grouped-query model's
+# heads (4 query heads per key head on the 1B shape: 4 written, 4 read), and the copy is padded
+# to its context bucket (up to 2x): about 20. 24 leaves headroom; a per-position host loop or a
+# quadratic gather is far above it at 32k. (8 was red at 8,208 positions on the H200: 9.7x,
+# measured on the clean tree; 4.2x at 32,720.)
+STEP_GROWTH_FACTOR = 24.0
 STEP_DECODE_TOKENS = 48  # tokens each step-time request decodes (its window)
 CLAIMS = ("async runner", "spec tokens equal plain at every depth",
           "acceptance at the requested level in every bucket", "verify steps in every depth bucket",

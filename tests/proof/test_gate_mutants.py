@@ -2,16 +2,13 @@
 mutants as planted files, and the proof's judgement of a mutant on a tiny tree whose stand-in gate
 runs the real gates/compare.py: a mutant that lets the defect through is killed by the defect's
 judgement, one that breaks the check by the clean tree's, and one the proof cannot see survives."""
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from gates.report import GateResult
-from mutants.proof import catalogue
 from mutants.proof.apply import copy_tree
 from mutants.proof.catalogue import Defect
 from mutants.proof.gate_mutant_report import (
@@ -171,23 +168,11 @@ PATCH = """\
 
 
 @pytest.fixture
-def tiny_tree(tmp_path, monkeypatch):
-    repo = tmp_path / "repo"
-    for package in ("engine", "gates", "mutants", "fixtures"):
-        (repo / package).mkdir(parents=True)
-        (repo / package / "__init__.py").write_text("")
-    (repo / "engine" / "x.py").write_text("def f(a):\n    return a + 1\n")
-    (repo / "engine" / "trace.py").write_text("RequestTrace = StepTrace = object\n")
-    (repo / "gates" / "compare.py").write_text((REPO / "gates" / "compare.py").read_text())
-    (repo / "fake_gate.py").write_text(FAKE_GATE)
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    (patches / "emit-count-differs.diff").write_text(PATCH)
-    monkeypatch.setattr(catalogue, "PATCHES", patches)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    return repo
+def tiny_tree(proof_repo):
+    return proof_repo({"engine/x.py": "def f(a):\n    return a + 1\n",
+                       "engine/trace.py": "RequestTrace = StepTrace = object\n",
+                       "gates/compare.py": (REPO / "gates" / "compare.py").read_text(), "fake_gate.py": FAKE_GATE},
+                      {"emit-count-differs": PATCH})
 
 
 def fake_command(names, json_path, device, stop_at_red):

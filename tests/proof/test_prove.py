@@ -6,7 +6,6 @@ import hashlib
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 import types
 from pathlib import Path
@@ -219,22 +218,10 @@ FAKE_GATES = textwrap.dedent("""\
 
 
 @pytest.fixture
-def fake_repo(tmp_path, monkeypatch):
-    repo = tmp_path / "repo"
-    for package in ("engine", "gates", "mutants", "fixtures"):
-        (repo / package).mkdir(parents=True)
-        (repo / package / "__init__.py").write_text("")
-    (repo / "engine" / "x.py").write_text("def f(a):\n    return a + 1\n# end\n")
-    (repo / "fake_gates.py").write_text(FAKE_GATES)
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    (patches / "off-by-one.diff").write_text(PATCH)
-    (patches / "sleeps.diff").write_text(PATCH.replace("+    return a + 2", "+    return a + 1  # SLEEP"))
-    monkeypatch.setattr(catalogue, "PATCHES", patches)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    return repo
+def fake_repo(proof_repo):
+    sleeps = PATCH.replace("+    return a + 2", "+    return a + 1  # SLEEP")
+    return proof_repo({"engine/x.py": "def f(a):\n    return a + 1\n# end\n", "fake_gates.py": FAKE_GATES},
+                      {"off-by-one": PATCH, "sleeps": sleeps})
 
 
 def fake_command(names, json_path, device, stop_at_red):

@@ -38,8 +38,9 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
                     "with reason 'context'")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="default: the checkpoint's dtype (float32 for float16 or unstated)")
-    ap.add_argument("--compile", action="store_true",
-                    help="run the fused forward compiled by inductor (engine/fused.py; CUDA's fast path)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="the fused forward compiled by inductor (engine/fused.py), or with --no-compile the "
+                    "reference forward (default: compiled on CUDA, the reference on the CPU)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -103,6 +104,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from engine.bench import legs as bench
+    from engine.config import resolve_compile
     from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
@@ -130,9 +132,9 @@ def cmd_bench(args) -> int:
         tag = f"{leg.spec or 'plain'} " if oracle else ""  # the oracle bench runs both passes
         print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
-    meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "graph": args.graph, "compile": args.compile, "max_model_len": _max_model_len(args),
-            "models": model_checksums(args.model, _drafter(args))}
+    meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0, "device": args.device,
+            "graph": args.graph, "compile": resolve_compile(args.compile, args.device),
+            "max_model_len": _max_model_len(args), "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
         def make(c, script):

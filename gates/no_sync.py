@@ -78,7 +78,7 @@ def checked_step(llm, reads: HostReads) -> None:
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_async_decode_loop_makes_no_undeclared_host_read(make_llm, gate_record, drafter, graph):
+def test_async_decode_loop_makes_no_undeclared_host_read(make_llm, gate_record, forward, drafter, graph):
     device = "cuda" if HAS_CUDA else "cpu"
     llm = make_llm(device=device, spec=drafter, num_spec_tokens=4, graph=graph, async_runner=True, max_num_seqs=4)
     assert llm.is_async
@@ -96,8 +96,9 @@ def test_async_decode_loop_makes_no_undeclared_host_read(make_llm, gate_record, 
     except SyncFound as e:
         gate_record.evidence(sync=str(e), declared=dict(declared.counts))
         pytest.fail(f"the async decode loop synchronised with the host outside a declared wait: {e}", pytrace=False)
-    gate_record.measure(drafter=drafter, graph=graph, device=device, steps=steps, declared=dict(declared.counts),
-                        reads_in_declared_waits=reads.allowed, undeclared=len(reads.undeclared))
+    gate_record.measure(drafter=drafter, graph=graph, device=device, forward=forward, steps=steps,
+                        declared=dict(declared.counts), reads_in_declared_waits=reads.allowed,
+                        undeclared=len(reads.undeclared))
     if reads.undeclared:
         gate_record.evidence(undeclared=reads.undeclared[:10], count=len(reads.undeclared),
                              declared=dict(declared.counts))

@@ -109,6 +109,8 @@ def cmd_bench(args) -> int:
     _resolve_model_shape(args)
     if args.measure_load:
         return _measure_load(args)
+    if args.measure_startup:
+        return _measure_startup(args)
     concurrencies = args.concurrency
     if args.legs <= args.warmup_legs:
         print(f"specgate: error: --legs {args.legs} with --warmup-legs {args.warmup_legs} leaves no warm leg "
@@ -204,6 +206,29 @@ def _measure_load(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load": m, "model": args.model, "device": args.device}, f, indent=2)
+    return 0
+
+
+def _measure_startup(args) -> int:
+    """`specgate bench --measure-startup`: building the engine and its first request, cold (an empty
+    inductor cache) and warm, each in a fresh child process (engine/bench/startup.py)."""
+    from engine.bench.startup import CACHE_STATES, measure_startup
+    from engine.config import resolve_compile
+    max_model_len = _max_model_len(args)
+    engine = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args), device=args.device,
+                  async_runner=args.async_runner, graph=args.graph, compile=args.compile, max_model_len=max_model_len,
+                  max_num_batched_tokens=max(2048, max_model_len), **({"dtype": args.dtype} if args.dtype else {}))
+    result = measure_startup(args.model, engine)
+    forward = "compiled" if resolve_compile(args.compile, args.device) else "reference"
+    print(f"start-up of {args.model} on {args.device}, the {forward} forward{', graph arm' if args.graph else ''}:")
+    for state in CACHE_STATES:
+        m = result[state]
+        print(f"  {state}: {m['startup_s']} s (engine {m['engine_s']} s with {m['graphs']} graphs captured, first "
+              f"request {m['first_request_s']} s against {m['steady_request_s']} s warm; compiling {m['compile_s']} s, "
+              f"inductor cache {m['cache_hits']} hits, {m['cache_misses']} misses)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     return 0
 
 
@@ -358,6 +383,9 @@ def main(argv=None) -> int:
                    "on the CPU: aten ops)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
+    b.add_argument("--measure-startup", action="store_true", help="only report what building the engine and its "
+                   "first request cost (compiling, graph capture), with an empty inductor cache and a warm one, each "
+                   "in a fresh process")
     from engine.bench.models import SHAPES
     b.add_argument("--model-shape", choices=list(SHAPES), default=None,
                    help="bench the seeded random-weight model of this shape (written to the cache if missing; "

@@ -1,5 +1,5 @@
-"""`specgate gates list`, `specgate gates run [NAME ...] [--json FILE] [--junit FILE]` and
-`specgate gates verdict [REPORT.json ...]`.
+"""`specgate gates list`, `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`,
+`specgate gates verdict [REPORT.json ...]` and `specgate gates decide [--bench1b]` (gates/decide.py).
 
 Which defects prove each gate is handed in (`proven_against`, gate -> defect names) by the layer
 that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
@@ -71,6 +71,22 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                          "engine reads (default engine/veto-evidence.json): the veto lifts by default only for "
                          "that engine's sources, device kinds and forwards")
     verdict.set_defaults(func=cmd_verdict)
+    decide = sub.add_parser("decide", help="the whole decision, what `make gates` runs: every gate (on the GPU "
+                            "when there is one), with --bench1b the 1B shape's gates too, then the verdict")
+    decide.add_argument("--bench1b", action="store_true", help="on CUDA, then run busy, speed-ab and no-sync on "
+                        "the 1B benchmark shape (written once to ~/.cache/specgate/bench-models, $SPECGATE_CACHE)")
+    decide.add_argument("--device", type=device, default=None, help="default: cuda when available, else cpu")
+    decide.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
+                        help="pytest processes at once (as gates run)")
+    decide.add_argument("--reports", type=output_file, default="reports", metavar="DIR",
+                        help="where gates.json, gates.xml (and gates-1b.json, .xml) go, made if missing "
+                        "(default: reports)")
+    decide.set_defaults(func=cmd_decide)
+
+
+def cmd_decide(args) -> int:
+    from gates.decide import cmd_decide as decide
+    return decide(args)
 
 
 def cmd_list(args) -> int:

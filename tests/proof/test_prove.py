@@ -237,7 +237,7 @@ def fake_repo(tmp_path, monkeypatch):
     return repo
 
 
-def fake_command(names, json_path, device, stop_at_red):
+def fake_command(names, json_path, device, stop_at_red, forwards=()):
     return [sys.executable, "fake_gates.py", ",".join(names), str(json_path)]
 
 

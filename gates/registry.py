@@ -64,7 +64,8 @@ GATES = (
          "sequence length, logits window) equal the sync runner's", "cpu", mutation_suite=True,
          forward_axis=True),
     Gate("emit-count", "emit_count", "per step and request, async emit counts equal sync's, every run's "
-         "trace agrees with its tokens and metrics, and greedy acceptance equals what the drafts imply",
+         "trace agrees with its tokens and metrics, greedy acceptance equals what the drafts imply, and the "
+         "compiled forward emits what the reference forward emits",
          "cpu", mutation_suite=True, forward_axis=True),
     Gate("reason-a", "reason_a", "on every verify step, eager and graph arm, each request's logits window "
          "starts at its query start and covers its drafts + 1 rows", "cpu", mutation_suite=True,

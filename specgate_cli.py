@@ -326,8 +326,8 @@ def add_bench_model_parser(sub) -> None:
         m.add_argument("--seed", type=int_at_least(0), default=0)
         m.add_argument("--device", type=device, default="cpu")
         m.add_argument("--concurrency", type=int_list(1, 256), default=[1, 8], metavar="C[,C...]")
-        m.add_argument("--prompt-len", type=int_at_least(2, 2048), default=64,
-                       help="tokens per prompt (BOS + random bytes)")
+        m.add_argument("--prompt-len", type=int_at_least(2, 1 << 16), default=64,
+                       help="tokens per prompt (BOS + random bytes); at most the folder's positions less --max-tokens")
         m.add_argument("--json", type=output_file, default=None, metavar="FILE")
         if name == "decode":
             m.add_argument("--runners", type=choice_list("sync", "async"), default=("sync", "async"), metavar="R[,R]")

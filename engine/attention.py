@@ -26,6 +26,13 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from engine.compile_cache import inductor_cache_dir
 
 ATTENTION_BACKENDS = ("sdpa", "flex")
+# SDPA has no fused kernel for grouped-query heads under a mask: with enable_gqa and a mask it
+# falls back to the math kernel, which materialises [R, H, Q, L] scores in float32 (a 32k-token
+# prefill of a 32-head model: about 137 GB, an out-of-memory at long prompts). A query longer than
+# this gets its keys and values expanded to every query head instead, and the memory-efficient
+# kernel reads them in tiles; a decode or verify query (a few rows) keeps the math kernel, whose
+# scores are small, and reads its context once rather than once per query head.
+GQA_MATH_MAX_QUERY = 64
 FLEX_Q_BLOCK = 128  # query rows per block-mask row; a step's padded query fits one or a few
 
 
@@ -185,6 +192,10 @@ def sdpa_read(q: torch.Tensor, kv_cache: torch.Tensor, query_req: torch.Tensor, 
     padded_q = _pad_queries(q, query_req, query_offset, context_slots.shape[0], max_query_len)
     keys = kv_cache[0][context_slots].transpose(1, 2)    # [R, Hkv, L, D]
     values = kv_cache[1][context_slots].transpose(1, 2)
+    if gqa and max_query_len > GQA_MATH_MAX_QUERY:
+        group = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        gqa = False
     out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), keys, values, attn_mask=attn_mask,
                                          enable_gqa=gqa)
     return out.transpose(1, 2)[query_req, query_offset]

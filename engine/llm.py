@@ -28,7 +28,7 @@ from engine.scheduler import ScheduledBatch, Scheduler
 from engine.step_plan import StepPlan
 from engine.step_result import StepResult
 from engine.tokenizer import HFTokenizer, load_tokenizer
-from engine.trace import StepTrace, trace_step
+from engine.trace import StepTrace, schedule_limits, trace_step
 from engine.veto import runner_policy
 
 
@@ -187,6 +187,8 @@ class LLM:
         batch = self.scheduler.schedule()
         self._check_progress(batch)
         launched = self._launch(batch) if batch.requests else None
+        if launched is not None and self.trace is not None:  # before the step in flight frees anything
+            launched.limits = schedule_limits(self.config, self.scheduler, batch)
         previous, self._in_flight = self._in_flight, launched
         if launched is not None and previous is not None:
             launched.launched_behind = previous.plan.step
@@ -224,7 +226,7 @@ class LLM:
         waited = self.clock.now()
         if self.trace is not None:
             self.trace.append(trace_step(flight.plan, flight.traced, results, self.policy.route,
-                                         flight.launched_behind))
+                                         flight.launched_behind, flight.limits))
         self._apply(flight.plan, results)
         self.scheduler.release_held(flight.plan.requests)
         self.clock.add_completion(started, waited, flight.gpu_span)

@@ -33,6 +33,7 @@ from engine.step_io import StepInputs, StepOutputs
 from engine.step_plan import StepPlan, StepPlanner
 from engine.step_result import StepResult
 from engine.tokenizer import PAD_ID
+from engine.trace import ScheduleLimits
 from engine.verify import verify
 
 
@@ -45,6 +46,7 @@ class InFlight:
     traced: StepOutputs | None = None      # a copy of what the step fed and gathered (trace=True)
     gpu_span: tuple | None = None          # the clock's timing events around the device work (bench, CUDA)
     launched_behind: int | None = None     # the step still in flight (unread) when this one was launched
+    limits: ScheduleLimits | None = None   # what it was scheduled under (trace=True)
 
 
 class DeviceState:

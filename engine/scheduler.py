@@ -22,6 +22,9 @@ class ScheduledBatch:
     is_prefill: list[bool] = field(default_factory=list)
     spec_width: list[int] = field(default_factory=list)  # drafts each row may verify (k, or 0)
     preempted: list[Request] = field(default_factory=list)
+    # Left out by the token budget: running requests that wait a step, and the waiting request
+    # whose admission it stopped (what the trace reads to tell that the budget bound).
+    deferred: list[Request] = field(default_factory=list)
 
 
 def spec_width(req: Request, k: int) -> int:
@@ -76,18 +79,22 @@ class Scheduler:
             else:
                 req.block_ids += self.block_manager.reserve(len(req.block_ids), need)
                 kept.append(req)
-                if self.query_len(req) <= budget:  # else it stays running and waits a step
+                if self.query_len(req) <= budget:
                     budget -= self.query_len(req)
                     batch.requests.append(req)
                     batch.is_prefill.append(False)
                     batch.spec_width.append(self.spec_width(req))
+                else:  # it stays running and waits a step
+                    batch.deferred.append(req)
         self.running = kept
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and self.free_slots:  # held slots count
             req = self.waiting[0]
             need = req.num_tokens + self.lookahead
             if (req.arrival_step > batch.step or req in batch.preempted
-                    or self.query_len(req) > budget
                     or not self.block_manager.can_reserve(len(req.block_ids), need)):
+                break
+            if self.query_len(req) > budget:
+                batch.deferred.append(req)
                 break
             self.waiting.popleft()
             req.block_ids += self.block_manager.reserve(len(req.block_ids), need)

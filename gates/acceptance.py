@@ -9,19 +9,67 @@ The two agree exactly once prefills and truncation are counted: completion token
 verify steps + accepted - truncated. One warm-leg predicate must pick the legs for both the
 throughput and the acceptance axis, and every field the bench folds (its summary and the plot's
 figures) must equal its recomputation from the leg records (gates/bench_fold.py).
+
+At one warm-up leg the two axes agree whatever cut-off each applies (the first leg, or every leg
+past the first, is the same set), so each case runs the bench at its own leg and warm-up counts,
+from a seeded draw (fold_settings): warm-up 0 (every leg warm), 1, 2 and 3 for each drafter, legs
+past the warm-up 1 or 2. At every setting both axes must fold over exactly the warm legs, each
+axis's population read back from its own figures (gates/bench_fold.py same_legs_difference).
 """
 import functools
+import os
+import random
+from dataclasses import dataclass
 
 import pytest
 
 from engine.bench import legs as bench
-from gates.bench_fold import report_difference
+from gates.bench_fold import report_difference, same_legs_difference
 from gates.compare import Difference
 from gates.invariants import real_records, width
+from gates.workloads import DRAFTERS
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
-          "tokens truncated at max_tokens", "warm and cold legs", "sampled legs")
-CONCURRENCIES, LEGS, WARMUP_LEGS = (1, 4), 3, 1
+          "tokens truncated at max_tokens", "warm and cold legs", "sampled legs", "warm-up 0: every leg warm",
+          "warm-up 2", "warm-up more than 2", "several warm legs folded")
+CONCURRENCIES, LEGS, WARMUP_LEGS = (1, 4), 3, 1   # LEGS, WARMUP_LEGS: traced_legs' defaults, the bench's own
+RUNS = ((False, 0.0), (False, 0.8), (True, 0.0), (True, 0.8))   # (async_runner, temperature) of each case
+# Each drafter's four cases take these warm-up counts in a seeded order, so 0, 2 and more than 2 occur
+# with either drafter alone (a target the block drafter does not fit still draws them); legs past the
+# warm-up: 1 or 2. The mean is the 3 legs of one warm-up leg the gate ran before, so it costs the same.
+WARMUPS, EXTRA_LEGS, FOLD_SEED = (0, 1, 2, 3), (1, 2), 34
+DEEP_SETTINGS, DEEP_MAX_WARMUP, DEEP_MAX_EXTRA = 3, 5, 3   # under --deep: more settings per case, drawn freely
+
+
+@dataclass(frozen=True)
+class FoldSetting:
+    legs: int            # legs per concurrency
+    warmup_legs: int     # the first warmup_legs legs of each concurrency are cold
+
+    def __post_init__(self):
+        if not 0 <= self.warmup_legs < self.legs:
+            raise ValueError(f"a fold setting needs 0 <= warmup_legs < legs (a warm leg to fold), got "
+                             f"legs={self.legs}, warmup_legs={self.warmup_legs}")
+
+
+def fold_settings(drafters: tuple[str, ...], deep: bool = False,
+                  seed: int = FOLD_SEED) -> dict[tuple[str, bool, float], list[FoldSetting]]:
+    """(drafter, async_runner, temperature) -> the bench settings that case runs, from a seeded
+    draw: per drafter, WARMUPS shuffled over its RUNS, each with 1 or 2 warm legs; under `deep`
+    also DEEP_SETTINGS drawn freely (warm-up 0..DEEP_MAX_WARMUP, 1..DEEP_MAX_EXTRA warm legs)."""
+    rng = random.Random(seed)
+    out = {}
+    for drafter in drafters:
+        for run, warmup in zip(RUNS, rng.sample(WARMUPS, len(WARMUPS))):
+            out[(drafter, *run)] = [FoldSetting(warmup + rng.choice(EXTRA_LEGS), warmup)]
+    for key in out if deep else ():
+        for _ in range(DEEP_SETTINGS):
+            warmup = rng.randint(0, DEEP_MAX_WARMUP)
+            out[key].append(FoldSetting(warmup + rng.randint(1, DEEP_MAX_EXTRA), warmup))
+    return out
+
+
+FOLD_SETTINGS = fold_settings(DRAFTERS, deep=os.environ.get("HYPOTHESIS_PROFILE") == "deep")
 
 
 def expected_acceptance(outputs, trace) -> dict:
@@ -64,15 +112,16 @@ def acceptance_difference(leg_index: int, reported: dict, expected: dict) -> Dif
     return None
 
 
-def fold_difference(legs: list, workload, drafter: str) -> Difference | None:
-    """One warm-leg predicate, the first WARMUP_LEGS legs of each concurrency cold; then every
-    field of the bench's folds (summary and figures) against their recomputation from the leg
-    records (gates/bench_fold.py)."""
+def fold_difference(legs: list, workload, drafter: str, warmup_legs: int = WARMUP_LEGS) -> Difference | None:
+    """One warm-leg predicate, the first `warmup_legs` legs of each concurrency cold; both axes
+    folded over exactly the warm legs; then every field of the bench's folds (summary and figures)
+    against their recomputation from the leg records (gates/bench_fold.py)."""
     for leg in legs:
-        if leg.warm != (leg.index >= WARMUP_LEGS):
-            return Difference("warm-leg predicate", None, None, leg.concurrency, leg.index >= WARMUP_LEGS,
+        if leg.warm != (leg.index >= warmup_legs):
+            return Difference("warm-leg predicate", None, None, leg.concurrency, leg.index >= warmup_legs,
                               leg.warm)
-    return report_difference(bench.report(legs, workload, {"spec": drafter}))
+    report = bench.report(legs, workload, {"spec": drafter})
+    return same_legs_difference(report) or report_difference(report)
 
 
 @functools.cache
@@ -80,9 +129,10 @@ def heldout_workload(corpus, temperature: float) -> bench.Workload:
     return bench.heldout_workload(corpus, num_prompts=4, max_tokens=24, temperature=temperature)
 
 
-def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
-    """Run the bench's legs (bench.run_bench, as `specgate bench` does) on traced engines; per
-    leg, the acceptance the trace implies."""
+def traced_legs(make_llm, workload, legs: int = LEGS, warmup_legs: int = WARMUP_LEGS,
+                **engine) -> tuple[list, dict, dict]:
+    """Run the bench's legs (bench.run_bench, as `specgate bench` does, `legs` per concurrency,
+    the first `warmup_legs` cold) on traced engines; per leg, the acceptance the trace implies."""
     runs = []  # (outputs, trace) of each generate call, in the order run_bench makes them
 
     def make(c):
@@ -98,15 +148,15 @@ def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
         return llm
 
     reported = []  # what `specgate bench` prints a line for, leg by leg, off a terminal
-    legs = bench.run_bench(make, workload, list(CONCURRENCIES), LEGS, WARMUP_LEGS, progress=False,
-                           on_leg=reported.append)
-    assert len(runs) == len(legs), f"{len(legs)} legs made {len(runs)} engine runs"
-    assert reported == legs, "on_leg did not see every leg once, in order, as it finished"
+    ran = bench.run_bench(make, workload, list(CONCURRENCIES), legs, warmup_legs, progress=False,
+                          on_leg=reported.append)
+    assert len(runs) == len(ran), f"{len(ran)} legs made {len(runs)} engine runs"
+    assert reported == ran, "on_leg did not see every leg once, in order, as it finished"
     expected, traces = {}, {}
-    for leg, (outputs, trace) in zip(legs, runs):
+    for leg, (outputs, trace) in zip(ran, runs):
         traces[(leg.concurrency, leg.index)] = trace
         expected[(leg.concurrency, leg.index)] = expected_acceptance(outputs, trace)
-    return legs, expected, traces
+    return ran, expected, traces
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
@@ -115,20 +165,32 @@ def traced_legs(make_llm, workload, **engine) -> tuple[list, dict, dict]:
 def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafter, async_runner, temperature):
     workload = heldout_workload(corpus, temperature)
     k = 4
-    legs, expected, traces = traced_legs(make_llm, workload, spec=drafter, num_spec_tokens=k,
-                                         async_runner=async_runner)
-    for leg in legs:
-        gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature,
-                         concurrency=leg.concurrency, leg=leg.index, warm=leg.warm)
-        gate_record.check(acceptance_difference(leg.index, leg.acceptance, expected[(leg.concurrency, leg.index)]),
-                          f"concurrency {leg.concurrency} leg {leg.index}")
-        gate_record.occurred("num_reqs>1",
-                             max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
-        gate_record.occurred("tokens truncated at max_tokens", expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
-        gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
-    gate_record.check(fold_difference(legs, workload, drafter), "fold")
+    for setting in FOLD_SETTINGS[drafter, async_runner, temperature]:
+        legs, expected, traces = traced_legs(make_llm, workload, setting.legs, setting.warmup_legs, spec=drafter,
+                                             num_spec_tokens=k, async_runner=async_runner)
+        for leg in legs:
+            gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature,
+                             legs=setting.legs, warmup_legs=setting.warmup_legs, concurrency=leg.concurrency,
+                             leg=leg.index, warm=leg.warm)
+            gate_record.check(acceptance_difference(leg.index, leg.acceptance,
+                                                    expected[(leg.concurrency, leg.index)]),
+                              f"concurrency {leg.concurrency} leg {leg.index}")
+            gate_record.occurred("num_reqs>1",
+                                 max((s.num_reqs for s in traces[(leg.concurrency, leg.index)]), default=0) > 1)
+            gate_record.occurred("tokens truncated at max_tokens",
+                                 expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
+            gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
+        gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature, legs=setting.legs,
+                         warmup_legs=setting.warmup_legs, fold=True)
+        gate_record.check(fold_difference(legs, workload, drafter, setting.warmup_legs),
+                          f"fold of {setting.legs} legs, {setting.warmup_legs} of them warm-up")
+        gate_record.occurred("warm and cold legs", {leg.warm for leg in legs} == {True, False})
+        gate_record.occurred("warm-up 0: every leg warm", setting.warmup_legs == 0 and all(leg.warm for leg in legs))
+        gate_record.occurred("warm-up 2", setting.warmup_legs == 2)
+        gate_record.occurred("warm-up more than 2", setting.warmup_legs > 2)
+        gate_record.occurred("several warm legs folded",
+                             all(len(s["legs"]) > 1 for s in bench.fold(legs).values()))
     gate_record.occurred(drafter)
     gate_record.occurred("async runner" if async_runner else "sync runner")
     gate_record.occurred("k>1", k > 1)
     gate_record.occurred("sampled legs", temperature > 0)
-    gate_record.occurred("warm and cold legs", {leg.warm for leg in legs} == {True, False})

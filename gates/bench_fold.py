@@ -13,7 +13,14 @@ longer list sets the length); every leg field named in FOLDED_RATES folds as mea
 A float field of the acceptance is a ratio of the sums and needs its formula in RATIOS. A field
 the bench folds or plots that has no recomputation here is a difference too, so a field added to
 the legs or the fold is either checked or fails loudly, never skipped.
+
+`same_legs_difference` states the fold's one rule directly: per concurrency, both axes fold over
+exactly the warm legs. Each axis's population is read back from its own folded figures (every set
+of the concurrency's legs whose tokens/s mean, min and max, or whose folded acceptance, equals the
+summary's), so a difference names the legs each axis took, not only a field that came out wrong.
 """
+from itertools import combinations
+
 from gates.compare import Difference
 
 # A ratio of the folded sums, as vLLM and SGLang define it (engine/bench/metrics.py's docstring).
@@ -71,14 +78,55 @@ def expected_summary(legs: list[dict]) -> dict:
         warm = [leg for leg in mine if leg["warm"]]
         entry = {"legs": [leg["index"] for leg in warm]}
         for name in FOLDED_RATES:
-            values = [leg[name] for leg in warm]
-            entry[f"{name}_mean"] = round(sum(values) / len(values), RATE_DIGITS) if values else None
-            entry[f"{name}_min"] = round(min(values), RATE_DIGITS) if values else None
-            entry[f"{name}_max"] = round(max(values), RATE_DIGITS) if values else None
+            entry |= rate_fold(name, [leg[name] for leg in warm])
         entry["acceptance"] = fold_records([leg["acceptance"] for leg in warm], _fields(mine))
         entry["phases"] = expected_phases([leg["phases"] for leg in warm if leg.get("phases")])
         out[str(c)] = entry
     return out
+
+
+def rate_fold(name: str, values: list[float]) -> dict:
+    """A FOLDED_RATES field's mean, min and max over some legs' values (None over no leg)."""
+    return {f"{name}_mean": round(sum(values) / len(values), RATE_DIGITS) if values else None,
+            f"{name}_min": round(min(values), RATE_DIGITS) if values else None,
+            f"{name}_max": round(max(values), RATE_DIGITS) if values else None}
+
+
+def folded_legs(report: dict, concurrency: str) -> dict[str, list[list[int]]]:
+    """The legs each axis of one concurrency's fold took, read back from its figures alone:
+    `throughput`, every set of the concurrency's legs (as index lists, in leg order) whose
+    FOLDED_RATES fields fold to the summary's; `acceptance`, every set whose acceptance records
+    fold to the summary's acceptance. Legs with equal figures (greedy legs run the same tokens)
+    make several sets fit; a correct fold's warm legs are always among them."""
+    mine = [leg for leg in report["legs"] if str(leg["concurrency"]) == concurrency]
+    summary, fields = report["summary"][concurrency], _fields(mine)
+    subsets = [list(chosen) for n in range(len(mine) + 1) for chosen in combinations(mine, n)]
+    fit = {
+        "throughput": lambda legs: all(summary[field] == value for name in FOLDED_RATES
+                                       for field, value in rate_fold(name, [leg[name] for leg in legs]).items()),
+        "acceptance": lambda legs: fold_records([leg["acceptance"] for leg in legs], fields) == summary["acceptance"],
+    }
+    return {axis: [[leg["index"] for leg in legs] for legs in subsets if fits(legs)] for axis, fits in fit.items()}
+
+
+def same_legs_difference(report: dict) -> Difference | None:
+    """Both axes fold over exactly the warm legs, per concurrency: the summary names the legs whose
+    own `warm` flag is set, and those legs are a set each axis's folded figures fit
+    (folded_legs). The first concurrency where either fails, or None."""
+    for c in sorted({str(leg["concurrency"]) for leg in report["legs"]}, key=int):
+        warm = [leg["index"] for leg in report["legs"] if str(leg["concurrency"]) == c and leg["warm"]]
+        named = report["summary"][c]["legs"]
+        if named != warm:
+            return Difference(f"legs the fold names at concurrency {c} (summary.legs)", None, None, None, warm, named)
+        try:
+            populations = folded_legs(report, c)
+        except NoRecomputation as e:
+            return Difference(str(e), None, None, None, "a recomputation", "none")
+        for axis, fitting in populations.items():
+            if warm not in fitting:
+                return Difference(f"legs the {axis} axis folded at concurrency {c}", None, None, None, warm,
+                                  fitting or "no set of legs")
+    return None
 
 
 def expected_phases(records: list[dict]) -> dict:

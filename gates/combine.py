@@ -6,12 +6,17 @@ the logits window relative to the query start.
 Through the request lifecycle too: with requests aborted (waiting, running, with their step in
 flight, their slot then taken by a new admission), the requests not aborted are fed exactly what
 a sync run without the aborted ones fed them; with a binding token budget, a running request that
-sat out a step is fed, when it comes back, what the sync runner fed it."""
+sat out a step is fed, when it comes back, what the sync runner fed it.
+
+Every run's scheduler limits, step by step (gates/invariants.py, limits_difference): tokens within
+the budget, KV blocks within the pool and held once, reservations covering every write, also the
+writes the step in flight could make."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gates.compare import runs_difference
+from gates.invariants import limits_difference, prefill_deferred_by_budget
 from gates.lifecycle import (
     ABORT_REUSE,
     ABORT_REUSE_ENGINE,
@@ -26,9 +31,11 @@ from gates.workloads import (
     DRAFTERS,
     GRAPH_PADDING,
     GRAPH_PADDING_ENGINE,
+    LIMITS,
     MIXED_REFUSALS,
     MIXED_REFUSALS_ENGINE,
     gate_settings,
+    limits_engine,
     run_pair,
     workloads,
 )
@@ -36,11 +43,14 @@ from gates.workloads import (
 CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "device-fed rows compared", "preemption", "eager arm",
           "graph arm", "graph step with padding rows", "host-history request", "abort with a step in flight",
           "abort of a waiting request", "aborted slot reused by a new admission",
-          "scheduling gap: a running request sat out a step and came back device-fed")
+          "scheduling gap: a running request sat out a step and came back device-fed",
+          "token budget bound: a prefill waited while verify rows ran (sync and async)",
+          "preemption under a binding token budget (sync and async)")
 
 
 def check_pair(gate_record, sync, async_):
     gate_record.check(runs_difference(sync, async_, fields=("device_inputs",)), "async vs sync")
+    check_limits(gate_record, sync, async_)
     fed = sum(r.device_fed for s in async_.trace for r in s.requests)
     gate_record.occurred(sync.engine["spec"])
     gate_record.occurred("num_reqs>1", max(s.num_reqs for s in async_.trace) > 1)
@@ -52,6 +62,12 @@ def check_pair(gate_record, sync, async_):
     gate_record.occurred("eager arm", any(route.endswith("/eager") for route in async_.routes))
     gate_record.occurred("host-history request", any(async_.workload.host_history))
     assert fed > 0, "no row of the async run was device-fed: nothing was combined on the device"
+
+
+def check_limits(gate_record, *runs):
+    """Every step of each run within the limits it was scheduled under (gates/invariants.py)."""
+    for r in runs:
+        gate_record.check(limits_difference(r.trace), f"{r.label()}: scheduler limits")
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -115,5 +131,21 @@ def test_device_inputs_after_scheduling_gaps(make_llm, gate_record, drafter):
     gate_record.case(drafter=drafter, workload="scheduling gaps", **GAPS_ENGINE)
     sync, async_ = run_pair(make_llm, GAPS, spec=drafter, **GAPS_ENGINE)
     gate_record.check(runs_difference(sync, async_, fields=("device_inputs",)), "async vs sync")
+    check_limits(gate_record, sync, async_)
     gate_record.occurred("scheduling gap: a running request sat out a step and came back device-fed",
                          any(r.device_fed for r in scheduling_gaps(async_.trace)))
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_device_inputs_under_a_binding_token_budget_and_kv_pool(make_llm, gate_record, drafter):
+    """A prefill waits for verify rows to go and requests are preempted (graph=True: uniform verify
+    steps in the graph arm, steps with a prefill eager)."""
+    engine = limits_engine(make_llm().tokenizer)
+    gate_record.case(drafter=drafter, workload="binding limits", **engine)
+    sync, async_ = run_pair(make_llm, LIMITS, spec=drafter, **engine)
+    check_pair(gate_record, sync, async_)
+    assert {"eager", "graph"} <= {route.split("/")[1] for route in async_.routes}, async_.routes
+    gate_record.occurred("token budget bound: a prefill waited while verify rows ran (sync and async)",
+                         prefill_deferred_by_budget(sync.trace) and prefill_deferred_by_budget(async_.trace))
+    gate_record.occurred("preemption under a binding token budget (sync and async)",
+                         sync.num_preemptions > 0 and async_.num_preemptions > 0)

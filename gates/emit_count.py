@@ -5,7 +5,9 @@ what the drafts imply; ngram drafts are the lookup of the committed history.
 Every greedy request of every run is also checked against the naive reference decoder
 (gates/reference.py): its tokens, and how and when it finished. The workloads set stop_token_ids
 and ignore_eos and reach max_model_len, and the gate is red unless each of those finishes happened:
-a defect in the finish rule that sync and async share is invisible to their comparison.
+a defect in the finish rule that sync and async share is invisible to their comparison. Every
+request with a logits processor records the output history each call received, which must be its
+committed output so far, call by call (gates/invariants.py history_difference).
 
 Verify is lossless, so a stale draft or a logit gathered from the wrong row can leave every
 token right and move only acceptance: these checks see acceptance, per step, exactly.
@@ -23,13 +25,27 @@ flight, their slot then taken by a new admission), the requests not aborted pass
 and emit, per (request, position), exactly what a sync run without the aborted ones emits; with a
 binding token budget, a running request that sat out steps verifies, when it comes back, the drafts
 of its own history (not none, not another's).
+
+Every run's scheduler limits, step by step (gates/invariants.py, limits_difference): tokens
+scheduled within max_num_batched_tokens, KV blocks held within the pool and each held once, the
+blocks reserved covering every position written (and, behind a step in flight, every position it
+could have written). A run with a binding budget and a full pool (LIMITS: a prefill waits for verify
+rows to go, requests are preempted), sync and async, both drafters, eager and graph steps, makes
+them bind.
 """
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gates.compare import runs_difference
-from gates.invariants import acceptance_difference, ngram_draft_difference, trace_consistency
+from gates.invariants import (
+    acceptance_difference,
+    history_difference,
+    limits_difference,
+    ngram_draft_difference,
+    prefill_deferred_by_budget,
+    trace_consistency,
+)
 from gates.lifecycle import (
     ABORT_REUSE,
     ABORT_REUSE_ENGINE,
@@ -47,11 +63,12 @@ from gates.workloads import (
     DRAFTERS,
     GRAPH_PADDING,
     GRAPH_PADDING_ENGINE,
+    LIMITS,
     MIXED_REFUSALS,
     MIXED_REFUSALS_ENGINE,
     context_limit_engine,
     gate_settings,
-    params,
+    limits_engine,
     run,
     run_pair,
     workloads,
@@ -62,7 +79,10 @@ CLAIMS = ("ngram", "block", "num_reqs>1", "k>1", "drafts accepted", "drafts reje
           "graph step with padding rows", "host-history request", "finished on stop_token_ids", "finished on eos",
           "ignore_eos passed an eos", "finished at max_tokens", "finished at max_model_len",
           "abort with a step in flight", "abort of a waiting request", "aborted slot reused by a new admission",
-          "scheduling gap: a running request sat out a step and came back device-fed")
+          "scheduling gap: a running request sat out a step and came back device-fed",
+          "logits processor histories checked call by call",
+          "token budget bound: a prefill waited while verify rows ran (sync and async)",
+          "preemption under a binding token budget (sync and async)")
 
 # The reference decoder's finish triggers (gates/reference.py) and the claims they satisfy.
 FINISH_CLAIMS = {"stop_token_ids": "finished on stop_token_ids", "eos": "finished on eos",
@@ -81,9 +101,12 @@ def check_runs(gate_record, reference, sync, async_):
         gate_record.check(diff, f"{r.label()}: the engine vs the naive reference decoder")
         for trigger in triggers:
             gate_record.occurred(FINISH_CLAIMS[trigger])
-        greedy = {o.request_id for o, p in zip(r.outputs, params(r.workload))
+        greedy = {o.request_id for o, p in zip(r.outputs, r.sampling_params)
                   if p.is_greedy and not p.logits_processors}
         gate_record.check(trace_consistency(r.outputs, r.trace), f"{r.label()}: trace vs outputs and metrics")
+        gate_record.check(history_difference(r.outputs, r.histories, r.trace),
+                          f"{r.label()}: the history each logits processor call received")
+        gate_record.check(limits_difference(r.trace), f"{r.label()}: scheduler limits")
         gate_record.check(acceptance_difference(r.outputs, r.trace, greedy), f"{r.label()}: greedy acceptance")
         if r.engine["spec"] == "ngram":
             gate_record.check(ngram_draft_difference(r.outputs, r.trace), f"{r.label()}: ngram drafts")
@@ -102,6 +125,8 @@ def note_coverage(gate_record, sync, async_):
     gate_record.occurred("graph arm", any(route.endswith("/graph") for route in async_.routes))
     gate_record.occurred("graph step with padding rows", any(s.num_padding_rows for s in async_.trace))
     gate_record.occurred("host-history request", any(async_.workload.host_history))
+    gate_record.occurred("logits processor histories checked call by call",
+                         any(len(calls) > 1 for calls in async_.histories.values()))
 
 
 # First in the module: a compiled-forward defect's tree (specgate prove) stops the gate at its first red.
@@ -197,3 +222,18 @@ def test_emit_counts_after_scheduling_gaps(make_llm, gate_record, reference, dra
     check_runs(gate_record, reference, sync, async_)
     gate_record.occurred("scheduling gap: a running request sat out a step and came back device-fed",
                          any(r.device_fed for r in scheduling_gaps(async_.trace)))
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_emit_counts_under_a_binding_token_budget_and_kv_pool(make_llm, gate_record, reference, drafter):
+    """The budget and the pool both bind (graph=True: uniform verify steps in the graph arm, steps
+    with a prefill eager); every step of both runs is checked against its limits."""
+    engine = limits_engine(make_llm().tokenizer)
+    gate_record.case(drafter=drafter, workload="binding limits", **engine)
+    sync, async_ = run_pair(make_llm, LIMITS, spec=drafter, **engine)
+    check_pair(gate_record, reference, sync, async_)
+    assert {"eager", "graph"} <= {route.split("/")[1] for route in async_.routes}, async_.routes
+    gate_record.occurred("token budget bound: a prefill waited while verify rows ran (sync and async)",
+                         prefill_deferred_by_budget(sync.trace) and prefill_deferred_by_budget(async_.trace))
+    gate_record.occurred("preemption under a binding token budget (sync and async)",
+                         sync.num_preemptions > 0 and async_.num_preemptions > 0)

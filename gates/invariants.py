@@ -11,13 +11,21 @@ step starting where the last one ended. And two references need no second run:
   longest prefix of its drafts that matches the output from s + 1. A stale draft or a logit
   gathered from the wrong row moves acceptance even when every token stays right;
 - ngram drafts: prompt lookup is a pure function of the committed history, recomputed here in
-  plain Python, so a stale or misrouted draft is caught in either runner.
+  plain Python, so a stale or misrouted draft is caught in either runner;
+- logits processor histories: a request with logits processors verifies no drafts, and the j-th
+  call of its processors receives exactly its first j output tokens (the engine's contract), so
+  the histories a recording processor kept are the request's own output, call by call.
+- the scheduler's limits: each step's tokens within max_num_batched_tokens, the KV blocks held
+  within the pool and each held once, and the blocks reserved covering every position the step
+  writes (and could write, behind a step still in flight): checked against the limits the trace
+  records with each step, whatever the tokens, since a scheduler that overruns its own budget can
+  leave every token right.
 
 A record is *real* when its results reached the request; the async runner also traces the step
 it launched past a request's end, which emits nothing.
 """
 from engine.trace import RequestTrace, StepTrace
-from gates.compare import Difference
+from gates.compare import Difference, step_of
 
 
 def records_by_request(trace: list[StepTrace]) -> dict[int, list[tuple[int, RequestTrace]]]:
@@ -177,6 +185,32 @@ def ngram_draft_difference(outputs, trace, min_n: int = 1, max_n: int = 3) -> Di
     return None
 
 
+def history_difference(outputs, histories: dict[int, list[list[int]]], trace) -> Difference | None:
+    """Requests with logits processors against the engine's contract for them (docs/engine.md):
+    no draft slots in any step (a processor sees one logits row per step), and one call per output
+    token, the j-th receiving exactly the first j output tokens (the prompt excluded, no token of a
+    later step, no call past the end). `histories`: request id -> the history each call received,
+    in call order (gates/processors.py HistoryRecorder); requests without one are not judged."""
+    real = real_records(trace, outputs)
+    for out in sorted(outputs, key=lambda o: o.request_id):
+        rid, start, tokens = out.request_id, len(out.prompt_token_ids), list(out.token_ids)
+        if rid not in histories:
+            continue
+        drafted = next(((step, r) for step, r in real.get(rid, []) if width(r) > 0), None)
+        if drafted is not None:
+            step, r = drafted
+            return Difference("draft slots of a request with logits processors", step, rid, r.positions[0], 0,
+                              width(r))
+        calls = histories[rid]
+        for j in range(max(len(calls), len(tokens))):
+            want = tokens[:j] if j < len(tokens) else "no call past the request's end"
+            got = calls[j] if j < len(calls) else "no call"
+            if got != want:
+                return Difference("output history a logits processor received", step_of(trace, rid, start + j),
+                                  rid, start + j, want, got)
+    return None
+
+
 def mixed_refusals(trace: list[StepTrace]) -> dict[str, int]:
     """Refusal kind -> number of steps where a request refused for it shared the step with a
     device-fed request (the predicate split's case)."""
@@ -186,3 +220,88 @@ def mixed_refusals(trace: list[StepTrace]) -> dict[str, int]:
             for kind in {r.refusal for r in step.requests if not r.device_fed and r.refusal}:
                 counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def tokens_scheduled(step: StepTrace) -> int:
+    """The step's query tokens: every prefill token and every verify row's 1 + width slots
+    (padding rows of the graph arm are the arm's, not the scheduler's, and not counted)."""
+    return sum(len(r.input_ids) for r in step.requests)
+
+
+def limits_difference(trace: list[StepTrace]) -> Difference | None:
+    """Each step against the limits it was scheduled under (StepTrace.limits): the token budget
+    and max_num_seqs; the KV pool (every block held lies in it, none is held twice, held plus
+    free is the whole pool); each row's block table is what its request held; and the blocks
+    reserved cover every position the row writes, and, when a step was still in flight as this
+    one launched (async runner), every position it could write had that step accepted all its
+    drafts: its reservation was made without knowing them."""
+    by_step = {s.step: s for s in trace}
+    for s in trace:
+        if s.limits is None:
+            return Difference("scheduler limits traced", s.step, -1, -1, "ScheduleLimits", None)
+        diff = _budget(s) or _pool(s) or _reservations(s, by_step.get(s.launched_behind))
+        if diff:
+            return diff
+    return None
+
+
+def _budget(s: StepTrace) -> Difference | None:
+    lim = s.limits
+    tokens = tokens_scheduled(s)
+    if tokens > lim.max_num_batched_tokens:
+        return Difference("tokens scheduled <= max_num_batched_tokens", s.step, -1, -1,
+                          f"<= {lim.max_num_batched_tokens}", tokens)
+    if s.num_reqs > lim.max_num_seqs:
+        return Difference("requests scheduled <= max_num_seqs", s.step, -1, -1, f"<= {lim.max_num_seqs}", s.num_reqs)
+    return None
+
+
+def _pool(s: StepTrace) -> Difference | None:
+    lim = s.limits
+    owner: dict[int, int] = {}
+    for rid, blocks in sorted(lim.blocks_held.items()):
+        for b in blocks:
+            if not 0 <= b < lim.num_kv_blocks:
+                return Difference("KV block held within the pool", s.step, rid, -1,
+                                  f"in [0, {lim.num_kv_blocks})", b)
+            if b in owner:
+                return Difference("KV block held once", s.step, rid, -1, f"block {b} held by request {owner[b]} only",
+                                  f"block {b} also held by request {rid}")
+            owner[b] = rid
+    if len(owner) + lim.num_free_blocks != lim.num_kv_blocks:
+        return Difference("KV blocks held + free = the pool", s.step, -1, -1, lim.num_kv_blocks,
+                          f"{len(owner)} held + {lim.num_free_blocks} free")
+    return None
+
+
+def _reservations(s: StepTrace, behind: StepTrace | None) -> Difference | None:
+    lim = s.limits
+    before = {r.request_id: r for r in behind.requests} if behind else {}
+    for r in s.requests:
+        held = lim.blocks_held.get(r.request_id)
+        sink = lim.num_kv_blocks
+        if held is None or list(r.block_table) != held + [sink] * (len(r.block_table) - len(held)):
+            return Difference("block table = the blocks the request held", s.step, r.request_id, -1,
+                              held, list(r.block_table))
+        capacity = len(held) * lim.block_size
+        last = max(r.positions)
+        if last >= capacity:
+            return Difference("KV reserved covers the positions written", s.step, r.request_id, last,
+                              f"< {capacity}", last)
+        prev = before.get(r.request_id)
+        if prev is not None and not r.is_prefill:
+            # the in-flight step's last committed position at most: a prefill commits one token
+            # after its query, a verify row its drafts and one more
+            committed = len(prev.input_ids) if prev.is_prefill else prev.positions[0] + width(prev) + 1
+            worst = committed + width(r)
+            if worst >= capacity:
+                return Difference("KV reserved covers the step in flight accepting every draft", s.step,
+                                  r.request_id, worst, f"< {capacity}", worst)
+    return None
+
+
+def prefill_deferred_by_budget(trace: list[StepTrace]) -> bool:
+    """The token budget bound with verify slots competing for it: a step ran verify rows and
+    left out, for the budget, a request waiting for its prefill (one that held no blocks)."""
+    return any(s.limits is not None and any(not r.is_prefill for r in s.requests)
+               and any(rid not in s.limits.blocks_held for rid in s.limits.deferred) for s in trace)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from hypothesis import strategies as st
 
 from engine.bench.workload import Workload
-from engine.trace import RequestTrace, StepTrace
+from engine.trace import RequestTrace, ScheduleLimits, StepTrace
 from gates.compare import Difference
+from gates.invariants import limits_difference
 from gates.workloads import PROMPTS, Run, params, run, workloads
 
 MAX_ABORT_STEP = 10
@@ -126,8 +127,20 @@ def kept_run(life: LifecycleRun, kept: Workload) -> Run:
     renumber = {o.request_id: i for i, o in enumerate(o for o in run.outputs if o.request_id not in life.aborted_ids)}
     outputs = [replace(o, request_id=renumber[o.request_id]) for o in run.outputs if o.request_id in renumber]
     trace = [replace(s, requests=[replace(r, request_id=renumber[r.request_id]) for r in s.requests
-                                  if r.request_id in renumber]) for s in run.trace]
+                                  if r.request_id in renumber], limits=_renumbered(s.limits, renumber))
+             for s in run.trace]
     return replace(run, workload=kept, outputs=outputs, trace=[s for s in trace if s.requests])
+
+
+def _renumbered(limits: ScheduleLimits | None, renumber: dict[int, int]) -> ScheduleLimits | None:
+    """The step's limits with the kept requests renumbered; an aborted request's blocks stay held
+    (they are the pool's), under an id of its own that no kept request has (-1 - its id)."""
+    if limits is None:
+        return None
+    new = {rid: renumber.get(rid, -1 - rid) for rid in limits.blocks_held.keys() | set(limits.deferred) |
+           set(limits.preempted)}
+    return replace(limits, blocks_held={new[rid]: blocks for rid, blocks in limits.blocks_held.items()},
+                   deferred=[new[rid] for rid in limits.deferred], preempted=[new[rid] for rid in limits.preempted])
 
 
 def lifecycle_difference(life: LifecycleRun) -> Difference | None:
@@ -227,8 +240,9 @@ def run_against_kept(make_llm, lifecycle: Lifecycle, **engine) -> tuple[Run, Run
 
 
 def note_lifecycle(gate_record, life: LifecycleRun) -> None:
-    """The lifecycle checks of the run, and the claims it covered."""
+    """The lifecycle checks of the run (its scheduler limits too), and the claims it covered."""
     gate_record.check(lifecycle_difference(life), f"{life.run.label()}: the aborts themselves")
+    gate_record.check(limits_difference(life.run.trace), f"{life.run.label()}: scheduler limits")
     gate_record.occurred("abort with a step in flight", any(e.in_flight for e in life.events))
     gate_record.occurred("abort of a waiting request", any(e.status == "waiting" for e in life.events))
     gate_record.occurred("aborted slot reused by a new admission", slot_reused(life))

@@ -4,7 +4,12 @@ Greedy: spec output equals plain greedy output token for token, for both drafter
 the eager and the graph arm (on the CPU the padded graph plan run eagerly, on CUDA real graph
 replay), k up to 6, several requests with mixed arrivals, some with a logits processor, with and
 without preemption; and every greedy run also equals the naive reference decoder
-(gates/reference.py), tokens and finish reasons, which shares no code path with the engine.
+(gates/reference.py), tokens and finish reasons, which shares no code path with the engine. Every
+request with logits processors also records, call by call, the output history its processors
+received, which must be its committed output so far (gates/invariants.py history_difference); and
+processors that read the whole history (a repetition penalty, a no-repeat n-gram ban, a bias keyed
+by the history's length; gates/processors.py) run beside drafting requests that stop mid-verify,
+under preemption: spec equals plain equals the reference.
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
 and whole sampled engine runs emit it too (randomized PIT of the tokens, and for the one-hot ngram
 drafter of its accept decisions, see gates/distribution.py), while the
@@ -28,7 +33,9 @@ from gates import distribution
 from gates.compare import Difference, token_difference
 from gates.distribution import P_VALUE_THRESHOLD
 from gates.draft_q import DraftRecorder, binding_steps, draft_q_difference, engine_q_p_values, telling_verify_row
+from gates.invariants import history_difference
 from gates.plugin import SESSION_PLUGIN
+from gates.processors import WHOLE_HISTORY
 from gates.reference import (
     bigram_repeats,
     dtype_difference,
@@ -36,14 +43,28 @@ from gates.reference import (
     reference_difference,
     teacher_forced_logits,
 )
-from gates.workloads import DRAFTERS, MAX_TOKENS, PROMPTS, Workload, gate_settings, no_immediate_repeat, run, workloads
+from gates.workloads import (
+    DRAFTERS,
+    MAX_TOKENS,
+    PROMPTS,
+    WHOLE_HISTORY_ENGINE,
+    WHOLE_HISTORY_WORKLOAD,
+    Workload,
+    gate_settings,
+    no_immediate_repeat,
+    run,
+    whole_history_params,
+    workloads,
+)
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
           "preemption", "sampled drafts accepted and rejected", "negative control failed", "graph arm",
           "sampled graph arm", "logits processor", "top-k bound", "top-p bound",
           "block drafter q checked on a sampled row",
           "block drafter q negative control failed", "bfloat16 engine", "bfloat16 drafts accepted",
-          "unseeded sampled requests keyed by the engine seed")
+          "unseeded sampled requests keyed by the engine seed", "logits processor histories checked call by call",
+          "whole-history logits processors", "a request with logits processors preempted",
+          "a finish truncated a verify step beside whole-history processors")
 
 SAMPLED_REQUESTS, SAMPLED_TOKENS = 64, 48
 SAMPLING = {"t1": dict(temperature=1.0), "t0.8-topk20-topp0.9": dict(temperature=0.8, top_k=20, top_p=0.9)}
@@ -81,6 +102,7 @@ def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **eng
         gate_record.check(token_difference(expected, r), f"{r.label()}: spec vs plain greedy")
         gate_record.check(reference_difference(reference, r, r.max_model_len)[0],
                           f"{r.label()}: spec vs the naive reference decoder")
+        check_histories(gate_record, r)
         gate_record.occurred("logits processor", any(processed))
         gate_record.occurred(engine["spec"])
         gate_record.occurred("async runner" if r.is_async else "sync runner")
@@ -89,6 +111,14 @@ def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **eng
         gate_record.occurred("drafts accepted", sum(o.stats.num_accepted_tokens for o in r.outputs) > 0)
         gate_record.occurred("preemption", r.num_preemptions > 0)
         gate_record.occurred("graph arm", any(route.endswith("/graph") for route in r.routes))
+
+
+def check_histories(gate_record, r) -> None:
+    """Each request with logits processors: the history every call received, against its output."""
+    gate_record.check(history_difference(r.outputs, r.histories, r.trace),
+                      f"{r.label()}: the history each logits processor call received")
+    gate_record.occurred("logits processor histories checked call by call",
+                         any(len(calls) > 1 for calls in r.histories.values()))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -110,6 +140,50 @@ def test_greedy_spec_equals_plain_under_preemption(make_llm, gate_record, plain_
     check_greedy(make_llm, gate_record, plain_greedy, reference, workload,
                  spec=drafter, num_spec_tokens=k, max_num_seqs=6,
                  num_kv_blocks=18)
+
+
+@pytest.fixture(scope="module")
+def whole_history_plain(make_llm, reference):
+    """The plain (no drafter) sync run of WHOLE_HISTORY_WORKLOAD, itself judged like a spec run."""
+    r = run(make_llm, WHOLE_HISTORY_WORKLOAD, whole_history_params(WHOLE_HISTORY_WORKLOAD), async_runner=False,
+            **WHOLE_HISTORY_ENGINE)
+    return r, reference_difference(reference, r, r.max_model_len)[0], history_difference(r.outputs, r.histories,
+                                                                                          r.trace)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_whole_history_processors_spec_equals_plain_and_the_reference(make_llm, gate_record, reference,
+                                                                      whole_history_plain, drafter):
+    """Processors whose output reads the whole history, each request's own (a history with the
+    prompt in it, or a token too many or too few, changes its tokens), beside drafting requests
+    that stop mid-verify, under preemption: both runners equal plain and the reference decoder,
+    and every processor call received the request's output so far."""
+    plain, plain_vs_reference, plain_history = whole_history_plain
+    gate_record.case(drafter=drafter, workload="whole-history processors", run="plain", **WHOLE_HISTORY_ENGINE)
+    gate_record.check(plain_vs_reference, "plain vs the naive reference decoder")
+    gate_record.check(plain_history, "plain: the history each logits processor call received")
+    sampling = whole_history_params(WHOLE_HISTORY_WORKLOAD)
+    processed = {o.request_id for o, p in zip(plain.outputs, sampling) if p.logits_processors}
+    for async_runner in (False, True):
+        r = run(make_llm, WHOLE_HISTORY_WORKLOAD, sampling, spec=drafter, num_spec_tokens=4, async_runner=async_runner,
+                **WHOLE_HISTORY_ENGINE)
+        gate_record.case(drafter=drafter, workload="whole-history processors", async_runner=async_runner, k=4,
+                         **WHOLE_HISTORY_ENGINE)
+        gate_record.check(token_difference({o.request_id: o.token_ids for o in plain.outputs}, r),
+                          f"{r.label()}: spec vs plain greedy")
+        gate_record.check(reference_difference(reference, r, r.max_model_len)[0],
+                          f"{r.label()}: spec vs the naive reference decoder")
+        check_histories(gate_record, r)
+        gate_record.occurred("whole-history logits processors",
+                             [list(p.logits_processors) for p in sampling if p.logits_processors]
+                             == [list(chain) for chain in WHOLE_HISTORY]
+                             and all(len(r.histories[rid]) > 1 for rid in processed))
+        gate_record.occurred("a request with logits processors preempted",
+                             any(o.stats.num_preemptions for o in r.outputs if o.request_id in processed))
+        gate_record.occurred("a finish truncated a verify step beside whole-history processors",
+                             any(o.stats.num_truncated for o in r.outputs))
+        gate_record.occurred(drafter)
+        gate_record.occurred("async runner" if async_runner else "sync runner")
 
 
 @pytest.mark.parametrize("lossy", [False, True], ids=["verify", "negative-control"])

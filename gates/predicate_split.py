@@ -6,14 +6,15 @@ shipped as a silent wrong answer that every num_reqs == 1 test passed.
 
 Through the request lifecycle too: with requests aborted in such mixed batches (waiting, running
 with their step in flight, their slot then taken by a refused prefill), the requests not aborted
-emit exactly what a sync run without the aborted ones emits."""
+emit exactly what a sync run without the aborted ones emits. Every run's steps stay within their
+scheduler limits (gates/invariants.py, limits_difference)."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.policy import REFUSE_HOST_HISTORY, REFUSE_PREFILL, REFUSE_RESUMED
 from gates.compare import runs_difference
-from gates.invariants import mixed_refusals
+from gates.invariants import limits_difference, mixed_refusals
 from gates.lifecycle import Abort, Lifecycle, lifecycles, note_lifecycle, run_against_kept
 from gates.workloads import DRAFTERS, MIXED_REFUSALS, MIXED_REFUSALS_ENGINE, gate_settings, run_pair, workloads
 
@@ -27,6 +28,8 @@ MIXED_ABORTS = Lifecycle(MIXED_REFUSALS, (Abort(1, 4), Abort(5, 3)))
 
 def check_pair(gate_record, sync, async_) -> dict[str, int]:
     gate_record.check(runs_difference(sync, async_, fields=("emit_count",)), "async vs sync")
+    for r in (sync, async_):
+        gate_record.check(limits_difference(r.trace), f"{r.label()}: scheduler limits")
     mixed = mixed_refusals(async_.trace)
     gate_record.occurred(sync.engine["spec"])
     gate_record.occurred("graph arm", any(route.endswith("/graph") for route in async_.routes))

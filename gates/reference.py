@@ -22,7 +22,6 @@ import torch
 
 from engine import SamplingParams
 from gates.compare import Difference, step_of, token_difference
-from gates.workloads import params as workload_params
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ def reference_difference(reference: ReferenceDecoder, run, max_model_len: int) -
     then its finish reason. Returns the first Difference (or None) and the set of triggers that
     ended the requests ("ignore_eos" too when a request passed over an EOS), so a gate can
     assert the stop rules it means to cover really fired."""
-    params = workload_params(run.workload)
+    params = run.sampling_params
     expected, triggers = {}, set()
     judged = [(o, p) for o, p in zip(run.outputs, params) if p.is_greedy]
     for out, p in judged:

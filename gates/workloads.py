@@ -7,13 +7,14 @@ Hypothesis examples per test come from the loaded profile: the bounded `ci` coun
 for, or the `deep` profile's count under HYPOTHESIS_PROFILE=deep (`specgate gates run --deep`).
 """
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 
 from engine.bench.workload import Workload
 from engine.block_drafter import mismatch_with_target
+from gates.processors import WHOLE_HISTORY, HistoryRecorder
 
 DRAFTERS = ("ngram", "block")
 
@@ -100,6 +101,21 @@ MIXED_REFUSALS = Workload(prompts=tuple(PROMPTS[i] for i in (7, 6, 2, 3, 5, 1)),
                           host_history=(False, False, False, True, False, False))
 MIXED_REFUSALS_ENGINE = dict(max_num_seqs=4, num_kv_blocks=18)
 
+# Requests 1, 2 and 4 carry the whole-history processor chains (gates/processors.py WHOLE_HISTORY),
+# beside drafting requests that stop on stop_token_ids mid-verify: with max_num_seqs=4 and
+# num_kv_blocks=17 the cache preempts processor requests 2 and 4 in most runs.
+WHOLE_HISTORY_WORKLOAD = Workload(prompts=tuple(PROMPTS[i] for i in (6, 2, 7, 3, 4)), max_tokens=(28, 24, 24, 20, 20),
+                                  arrival_steps=(0, 0, 1, 0, 2), host_history=(False, True, True, False, True),
+                                  stop_token_ids=(tuple(map(ord, "e(")), (), (), tuple(map(ord, "e:")), ()))
+WHOLE_HISTORY_ENGINE = dict(max_num_seqs=4, num_kv_blocks=17)
+
+
+def whole_history_params(workload: Workload) -> list:
+    """The workload's SamplingParams, its host-history requests given the WHOLE_HISTORY chains in turn."""
+    chains = iter(WHOLE_HISTORY * workload.num_reqs)
+    return [replace(p, logits_processors=list(next(chains))) if p.logits_processors else p for p in params(workload)]
+
+
 # Every state slot taken (request i holds slot i), then requests finish one by one, so graph
 # steps of 3 and 1 rows are padded to buckets 4 and 1 while the last slot is still in use.
 GRAPH_PADDING = Workload(prompts=tuple(PROMPTS[i] for i in (3, 7, 2, 4)), max_tokens=(8, 16, 24, 40),
@@ -125,6 +141,27 @@ def context_limit_engine(tokenizer) -> dict:
     return {**CONTEXT_LIMIT_ENGINE, "max_model_len": longest + CONTEXT_ROOM}
 
 
+# Binding scheduler limits: a token budget equal to the context (LIMITS_ROOM tokens past the
+# 85-token prompt) and a pool of 11 KV blocks, with max_num_seqs (20) never the one that binds.
+# Step 1: two requests verify (2 x (1 + k) = 12 tokens) and the 85-token prompt arrives: 97 > 96,
+# so its prefill waits for a verify row to go (a scheduler that counts a verify row as one token
+# admits it: 97 tokens, which the staging buffers, 20 x (k + 1) = 120 tokens, still hold). The five
+# requests after it grow past the pool, so requests are preempted in both runners. On the CPU the
+# graph arm runs its uniform verify steps, padded, and steps with a prefill run eagerly.
+LIMITS = Workload(prompts=tuple(PROMPTS[i] for i in (0, 0, 6, 1, 0, 1, 1, 1)),
+                  max_tokens=(6, 24, 8, 24, 36, 30, 30, 36), arrival_steps=(0, 0, 1, 3, 2, 4, 2, 2),
+                  ignore_eos=(True,) * 8)
+LIMITS_ENGINE = dict(max_num_seqs=20, num_kv_blocks=11, num_spec_tokens=5, graph=True)
+LIMITS_ROOM = 11   # tokens past the longest prompt: 85 + 11 = 96 on the fixture's bytes
+
+
+def limits_engine(tokenizer) -> dict:
+    """LIMITS_ENGINE with the context and the token budget LIMITS_ROOM tokens past the longest
+    prompt as this target's tokenizer encodes it (96 on the fixture)."""
+    longest = max(len(tokenizer.encode(p)) for p in LIMITS.prompts)
+    return {**LIMITS_ENGINE, "max_model_len": longest + LIMITS_ROOM, "max_num_batched_tokens": longest + LIMITS_ROOM}
+
+
 @dataclass
 class Run:
     """One traced run: what a gate compares. `engine` holds the LLM's keyword arguments."""
@@ -135,6 +172,15 @@ class Run:
     trace: list
     routes: set = field(default_factory=set)
     max_model_len: int = 0
+    sampling: list = field(default_factory=list)    # the requests' SamplingParams; empty: params(workload)
+    # request id -> the output history each call of its logits processors received, in call order
+    # (a HistoryRecorder's), for every request with logits processors
+    histories: dict[int, list[list[int]]] = field(default_factory=dict)
+
+    @property
+    def sampling_params(self) -> list:
+        """The SamplingParams the requests ran with (without the run's history recorders)."""
+        return self.sampling or params(self.workload)
 
     @property
     def final_len(self) -> dict[int, int]:
@@ -145,15 +191,23 @@ class Run:
         return sum(o.stats.num_preemptions for o in self.outputs)
 
     def label(self) -> str:
-        keys = ("spec", "num_spec_tokens", "async_runner", "graph", "num_kv_blocks", "max_num_seqs")
+        keys = ("spec", "num_spec_tokens", "async_runner", "graph", "num_kv_blocks", "max_num_seqs",
+                "max_num_batched_tokens")
         return " ".join(f"{k}={self.engine[k]}" for k in keys if k in self.engine)
 
 
-def run(make_llm, workload: Workload, **engine) -> Run:
+def run(make_llm, workload: Workload, sampling: list | None = None, **engine) -> Run:
+    """`sampling`: the requests' SamplingParams (default: params(workload)). Every request with
+    logits processors also gets a HistoryRecorder, after them; the Run keeps its calls."""
+    sampling = sampling or params(workload)
+    recorders = [HistoryRecorder() if p.logits_processors else None for p in sampling]
+    given = [replace(p, logits_processors=[*p.logits_processors, rec]) if rec else p
+             for p, rec in zip(sampling, recorders)]
     llm = make_llm(trace=True, **engine)
-    outputs = llm.generate(workload.prompt_list(), params(workload), arrival_steps=workload.arrivals())
+    outputs = llm.generate(workload.prompt_list(), given, arrival_steps=workload.arrivals())
     return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace},
-               llm.config.max_model_len)
+               llm.config.max_model_len, sampling,
+               {o.request_id: rec.calls for o, rec in zip(outputs, recorders) if rec is not None})
 
 
 def run_pair(make_llm, workload: Workload, **engine) -> tuple[Run, Run]:

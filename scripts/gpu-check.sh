@@ -12,15 +12,17 @@
 # reference forward and the fused one compiled by inductor), the
 # transformers peer, and spec with the oracle drafter against plain when the tree has it; about
 # 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
-# in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`. On CUDA
+# in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
+# `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py) and ms
+# per plain decode step at 4k and 16k tokens of context, sdpa against flex. On CUDA
 # every gate stage judges both forwards (the reference and the compiled one, the CUDA default).
+# BENCH_DEVICE and BENCH1B_SHAPE (default cuda and llama-1b) let a CPU run with the tiny shape
+# check the stages' plumbing.
 #
 # Stage `startup` (not in the default list): what building an engine and its first request cost,
 # compiling and graph capture included, with an empty inductor cache (cold) and the one that run
 # filled (warm), each in a fresh process (`specgate bench --measure-startup`), on the fixtures and
 # the 1B shape; STARTUP_ARGS adds options (e.g. --no-compile for the reference forward).
-# BENCH_DEVICE and BENCH1B_SHAPE (default cuda and llama-1b) let a CPU run with the tiny shape
-# check the stages' plumbing.
 #
 # The GPU machine has torch, transformers, safetensors, scipy, pytest and hypothesis but no
 # internet: a package it lacks travels as wheels in .whl/ (docs/gpu.md). It brings back
@@ -128,6 +130,22 @@ PY
             --peer "$OUT/bench1b-peer.json" --load "$OUT/bench1b-load.json" "${spec[@]}" \
             --json "$OUT/bench1b.json" --plot "$OUT/bench1b.png"
         ;;
+    depth1b)
+        # The depth gate on CUDA (gates/depth.py's CUDA plan: the 1B shape with 40,960 positions,
+        # written once to the bench-model cache, requests past 32,768 + 1,024), then ms per plain
+        # decode step at long contexts, sdpa's gather against flex's paged read, c=1 and c=8
+        # (DEPTH1B_CONTEXTS, default 4096 16384), each leg bounded so one call holds them all.
+        timed depth1b "$PY" -m specgate_cli gates run depth --device "$BENCH_DEVICE" \
+            --json "$OUT/depth1b.json" --junit "$OUT/depth1b.xml"
+        for ctx in ${DEPTH1B_CONTEXTS:-4096 16384}; do
+            for backend in sdpa flex; do
+                timed "long-$ctx-$backend" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model decode \
+                    --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
+                    --prompt-len "$ctx" --max-tokens 32 --legs 2 --attention-backends "$backend" \
+                    --json "$OUT/long-$ctx-$backend.json"
+            done
+        done
+        ;;
     gates1b)
         timed gates1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
             || continue
@@ -146,7 +164,7 @@ PY
         timed startup1b "$PY" -m specgate_cli bench --measure-startup --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
             --spec ngram --graph $STARTUP_ARGS --json "$OUT/startup1b.json"
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b startup)" >&2
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b depth1b startup)" >&2
        exit 2 ;;
     esac
 done

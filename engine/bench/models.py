@@ -65,6 +65,9 @@ SHAPES: dict[str, Shape] = {
     # Issue 18's 1B shape: 0.97B parameters, 1.95 GB of bf16 weights read per decode step.
     "llama-1b": Shape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                       num_key_value_heads=8, layers_per_shard=4, decisive=True),
+    # The same weights' shape with 40,960 positions: the depth gate's CUDA folder, past 32,768 (gates/depth.py).
+    "llama-1b-deep": Shape(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                           num_key_value_heads=8, layers_per_shard=4, max_position_embeddings=40960, decisive=True),
     # For CPU tests: the same layout in miniature. A wider initialiser than 0.02 makes greedy
     # choices decisive, so two implementations agree on them in float32.
     "tiny": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -72,9 +75,9 @@ SHAPES: dict[str, Shape] = {
     # The 1B shape's decisive weights in miniature (bf16), for CPU tests of what the oracle needs.
     "tiny-decisive": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=512, decisive=True),
-    # The same, in float32 and with 8,192 positions: the depth gate's CPU folder (gates/depth.py).
+    # The same, in float32 and with 16,384 positions: the depth gate's CPU folder (gates/depth.py).
     "tiny-deep": Shape(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=8192, dtype="float32",
+                       num_key_value_heads=2, layers_per_shard=1, max_position_embeddings=16384, dtype="float32",
                        decisive=True),
 }
 # How much smaller a decisive model's block output projections are drawn than its other matrices.

@@ -127,6 +127,22 @@ DEFECTS = (
            "collapses (the public report: acceptance dead past 32,768 positions, the target coherent); the "
            "gates' 256-position engines never reach it.",
            ("depth",), token_invisible=True),
+    # ---- the scheduler's own limits: the token budget and the KV reservations ----------------------
+    Defect("budget-counts-verify-row-as-one-token",
+           "A token budget written before speculation: a running request's row is charged one token, its k "
+           "draft slots ride along uncounted, so a step of verify rows plus a prefill overruns "
+           "max_num_batched_tokens (vLLM's budget must count num_lookahead_slots). The staging buffers hold "
+           "max_num_seqs x (k + 1) tokens, so the step runs and every token stays right; only the per-step "
+           "limits check sees the step of 97 tokens under a budget of 96.",
+           ("emit-count", "combine"), token_invisible=True),
+    Defect("kv-lookahead-forgets-in-flight-bonus-token",
+           "The async KV lookahead counts the step in flight's k drafts but not its bonus token (k + k, not "
+           "k + (k + 1)): when that step accepts every draft, the next step's last draft slot can fall one "
+           "position past the blocks reserved, into the sink block. The row reads back what it wrote there, "
+           "so tokens change only when that draft is accepted too and its KV is needed later (the "
+           "over-allocation SGLang and vLLM make for the step in flight, off by one); the per-step limits "
+           "check sees the reservation short at the worst case whatever was accepted.",
+           ("emit-count", "combine", "lossless")),
     # ---- host write-back ---------------------------------------------------------------------------
     Defect("committed-ids-dropped-on-preemption",
            "Committed ids not written back on one branch: results of a step in flight when its request was "
@@ -153,6 +169,13 @@ DEFECTS = (
            "position are empty while every counter is right (lists of unequal length, a classic merge bug; "
            "the fold check compared counters and tau only before). Tokens are unchanged; not claimed "
            "token-invisible only so prove spares it a lossless run.",
+           ("acceptance",)),
+    Defect("fold-acceptance-skips-first-leg",
+           "One axis with a hard-coded warm-up: the fold merges acceptance over every leg past the first "
+           "(written when the bench always ran one warm-up leg) while throughput folds the warm legs, so at "
+           "any other --warmup-legs the two axes describe different legs; at one warm-up leg, the only "
+           "setting the acceptance gate ran before, the two sets are the same. Tokens are unchanged; not "
+           "claimed token-invisible only so prove spares it a lossless run.",
            ("acceptance",)),
     Defect("veto-ignores-env",
            "The veto lifted at one site only: VT_ASYNC_RUNNER=1 no longer selects the async runner for "
@@ -203,6 +226,18 @@ DEFECTS = (
            "share, so it runs on to max_tokens; every differential comparison agrees with itself and only the "
            "reference decoder sees the tokens past the stop (no gate workload set stop_token_ids before).",
            ("emit-count",)),
+    Defect("processor-history-includes-prompt",
+           "Logits processors handed the request's whole token list, prompt and output (the list the planner "
+           "reads), where the contract is the output so far (vLLM's two processor signatures): plain, spec, "
+           "sync and async share it, and a processor that reads only the last token sees the prompt just once, "
+           "at the first token, so only a first token equal to the prompt's last, by luck, showed it.",
+           ("lossless", "emit-count")),
+    Defect("processors-skip-prefill-row",
+           "Logits processors applied to decode rows only: the token a prefill samples, a request's first and "
+           "the first after each resume from preemption, is left unprocessed. A fresh request's history is "
+           "empty there, so a processor that bans the last token changes nothing; only a resumed request's "
+           "first token, repeating its last one by luck, showed it.",
+           ("lossless", "emit-count")),
     Defect("context-limit-off-by-one",
            "The context-limit finish is off by one in the shared finish rule: a request ends only past "
            "max_model_len, one token beyond its context, in every runner alike; only the reference decoder "

@@ -35,29 +35,40 @@ class Clock:
         return self.now
 
 
-class Engine:
-    """A stand-in LLM: the requests added together prefill in the first step, then every step
-    gives each unfinished one a token. The steps of the i-th batch of requests take
-    step_seconds[i] each on the clock (the last entry for any later batch)."""
+class StubRequest(SimpleNamespace):
+    @property
+    def is_finished(self) -> bool:
+        return len(self.output_token_ids) >= self.params.max_tokens
 
-    def __init__(self, clock: Clock, step_seconds: list[float], *args, **kwargs):
+
+class Engine:
+    """A stand-in LLM: the requests added together prefill in the first step (or `prefills_per_step`
+    of them a step, as long prompts do), then every step gives each started, unfinished one a
+    token. The steps of the i-th batch of requests take step_seconds[i] each on the clock (the
+    last entry for any later batch)."""
+
+    def __init__(self, clock: Clock, step_seconds: list[float], *args, prefills_per_step: int | None = None,
+                 **kwargs):
         self.clock, self.step_seconds, self.batch, self.reqs = clock, step_seconds, -1, []
+        self.prefills_per_step = prefills_per_step
         self.args, self.kwargs = args, kwargs
         self.config = SimpleNamespace(device=kwargs.get("device", "cpu"))
 
     def add_request(self, prompt: list[int], params: SamplingParams):
         if not self.has_unfinished():
             self.batch += 1
-        self.reqs.append(SimpleNamespace(prompt=prompt, params=params, output_token_ids=[]))
+        self.reqs.append(StubRequest(prompt=prompt, params=params, output_token_ids=[]))
         return self.reqs[-1]
 
     def has_unfinished(self) -> bool:
-        return any(len(r.output_token_ids) < r.params.max_tokens for r in self.reqs)
+        return not all(r.is_finished for r in self.reqs)
 
     def step(self) -> None:
         self.clock.now += self.step_seconds[min(self.batch, len(self.step_seconds) - 1)]
+        waiting = [r for r in self.reqs if not r.output_token_ids]
+        starting = waiting[:self.prefills_per_step] if self.prefills_per_step else waiting
         for r in self.reqs:
-            if len(r.output_token_ids) < r.params.max_tokens:
+            if not r.is_finished and (r.output_token_ids or r in starting):
                 r.output_token_ids.append(1)
 
 
@@ -91,6 +102,17 @@ def test_a_decode_window_times_the_steps_after_every_request_has_its_first_token
     greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     assert [(r.prompt, r.params) for r in llm.reqs] == [(p, greedy) for p in prompts]
     assert llm.reqs[0].prompt is not prompts[0]  # the caller's prompts are left alone
+
+
+def test_a_decode_window_of_staggered_prefills_ends_where_the_first_request_finishes(clock):
+    """Long prompts prefill one a step: the 3 requests get their first token in steps 1 to 3.
+    The window opens then, and closes when the first finishes (its 5th token, step 5): 2 steps
+    in which every request decoded a token; the 2 steps left to drain are not timed."""
+    c = clock()
+    llm = Engine(c, [0.002], prefills_per_step=1)
+    leg = time_decode(llm, [[1, 2], [3, 4], [5, 6]], max_tokens=5)
+    assert leg == DecodeLeg(seconds=0.004, decode_tokens=2, steps=2, ms_per_step=2.0, tokens_per_s=1500.0)
+    assert all(r.is_finished for r in llm.reqs)
 
 
 def test_the_decode_figures_are_medians_over_the_legs_after_a_warm_up_pass(clock):

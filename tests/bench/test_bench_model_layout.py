@@ -75,6 +75,6 @@ def test_a_file_or_a_folder_holding_anything_else_is_refused_and_kept(tmp_path):
     assert str(refused.value) == (f"{folder} holds files that are not a benchmark model's (a.txt, b.txt, c.txt, d.txt, "
                                   "model-notes.txt); choose an empty or new folder")
     assert all((folder / name).read_text() == "mine" for name in names)
-    with pytest.raises(SpecgateError, match=r"^unknown benchmark shape 'llama-70b' \(known: llama-1b, tiny, "
-                                            r"tiny-decisive, tiny-deep\)$"):
+    with pytest.raises(SpecgateError, match=r"^unknown benchmark shape 'llama-70b' \(known: llama-1b, llama-1b-deep, "
+                                            r"tiny, tiny-decisive, tiny-deep\)$"):
         write_bench_model("llama-70b", folder=tmp_path / "x")

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import flex_attention
 
-from engine.attention import RECOMPILE_LIMIT, build_attention_metadata, compile_fullgraph, flex_kernels, paged_attention
+from engine.attention import (
+    GQA_MATH_MAX_QUERY,
+    RECOMPILE_LIMIT,
+    build_attention_metadata,
+    compile_fullgraph,
+    flex_kernels,
+    paged_attention,
+)
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
 
@@ -241,3 +248,30 @@ def test_the_fused_forward_compiles_each_piece_whole_for_any_shape(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
     compiled(abs)
     assert asked == [dict(dynamic=True, fullgraph=True, backend="inductor")]
+
+
+@pytest.mark.parametrize("max_query", [GQA_MATH_MAX_QUERY, GQA_MATH_MAX_QUERY + 1])
+def test_a_long_grouped_query_is_read_with_expanded_heads_and_a_short_one_with_enable_gqa(max_query, monkeypatch):
+    """SDPA's math kernel is the only one that takes enable_gqa with a mask, and it holds the whole
+    [R, H, Q, L] score matrix: a long query must reach SDPA with every head's keys expanded (the
+    memory-efficient kernel's input), a short one with the grouped keys; both read the same."""
+    rows = [(max_query, max_query + 9), (1, 30)]
+    q, k, v, cache, inputs = paged_batch(rows, heads=4, kv_heads=2, seed=3)
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        calls.append((key.shape[1], kwargs.get("enable_gqa", False)))
+        return real(query, key, value, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    meta = build_attention_metadata(**inputs)
+    out = paged_attention(q, k, v, cache.clone(), meta)
+    long_query = max_query > GQA_MATH_MAX_QUERY
+    assert calls == [(4, False)] if long_query else calls == [(2, True)]
+    monkeypatch.undo()
+    expanded_keys = dict(inputs)
+    reference = paged_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
+                                cache.repeat_interleave(2, dim=2),
+                                build_attention_metadata(**expanded_keys))
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)

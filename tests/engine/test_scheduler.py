@@ -257,9 +257,50 @@ def test_token_budget_holds_back_a_prompt_until_it_fits():
     sched.add(b)
     batch = sched.schedule()
     assert batch.requests == [a]  # 40 + 30 prompt tokens exceed the budget of 64
+    assert batch.deferred == [b]  # what the trace reads: the budget, not the pool, kept b out
     emulate_step(sched, batch)
     batch = sched.schedule()
     assert batch.requests == [a, b] and batch.is_prefill == [False, True]  # 1 + 30 fits
+    assert batch.deferred == []
+
+
+def test_a_running_request_the_budget_leaves_out_is_deferred_and_keeps_running():
+    """Two verify rows of 1 + 4 tokens and a budget of 8: the older runs, the newer waits the step
+    out, still running, holding its slot and blocks."""
+    cfg = make_config(max_model_len=8, max_num_batched_tokens=8, max_num_seqs=2, spec="ngram", num_spec_tokens=4)
+    sched = Scheduler(cfg, SYNC)
+    a, b = make_request(0, 3, max_tokens=3), make_request(1, 3, max_tokens=3)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert batch.requests == [a, b] and batch.deferred == []  # two prefills of 3 tokens
+    emulate_step(sched, batch)
+    batch = sched.schedule()
+    assert batch.requests == [a] and batch.deferred == [b]
+    assert sched.running == [a, b] and b.block_ids and b.slot is not None
+
+
+def test_the_budget_defers_what_it_holds_back_not_what_the_pool_or_an_arrival_does():
+    """Prompts of 40 and 20 tokens take the 5 blocks of 16; a third of 4 tokens fits the budget
+    (64 tokens in all) but not the pool; a request yet to arrive is not the budget's either."""
+    cfg = make_config(max_model_len=64, block_size=16, num_kv_blocks=5, max_num_batched_tokens=64)
+    sched = Scheduler(cfg, SYNC)
+    a, b, c = make_request(0, 40, max_tokens=4), make_request(1, 20, max_tokens=4), make_request(2, 4, max_tokens=4)
+    for r in (a, b, c):
+        sched.add(r)
+    batch = sched.schedule()
+    assert batch.requests == [a, b] and sched.block_manager.num_free_blocks == 0
+    assert batch.deferred == []
+    # with a sixth block the pool takes c, the budget does not: 40 + 24 fill it exactly
+    sched = Scheduler(dataclasses.replace(cfg, num_kv_blocks=6), SYNC)
+    a, b, c = make_request(0, 40, max_tokens=4), make_request(1, 24, max_tokens=4), make_request(2, 4, max_tokens=4)
+    for r in (a, b, c):
+        sched.add(r)
+    batch = sched.schedule()
+    assert batch.requests == [a, b] and batch.deferred == [c]
+    sched = Scheduler(cfg, SYNC)
+    sched.add(make_request(3, 4, max_tokens=4, arrival_step=2))
+    assert [sched.schedule().deferred for _ in range(2)] == [[], []]
 
 
 def test_token_budget_counts_verify_rows():

@@ -1,8 +1,8 @@
 """The acceptance gate's checks (gates/acceptance.py) without an engine: a leg's acceptance
 recomputed from a hand-written trace in both oracle engines' units, the comparison with the
 bench's record (and the identity that ties the units together), the warm-leg predicate and the
-drafter's figures of the fold, and traced_legs driving the bench's own run_bench on scripted
-engines."""
+drafter's figures of the fold, traced_legs driving the bench's own run_bench on scripted
+engines, and the seeded draw of the leg and warm-up counts the gate's cases run."""
 import dataclasses
 
 import pytest
@@ -12,7 +12,20 @@ from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
 from engine.trace import StepTrace
-from gates.acceptance import acceptance_difference, expected_acceptance, fold_difference, traced_legs
+from gates.acceptance import (
+    DEEP_MAX_EXTRA,
+    DEEP_MAX_WARMUP,
+    DEEP_SETTINGS,
+    EXTRA_LEGS,
+    RUNS,
+    WARMUPS,
+    FoldSetting,
+    acceptance_difference,
+    expected_acceptance,
+    fold_difference,
+    fold_settings,
+    traced_legs,
+)
 from gates.compare import Difference
 from helpers.traces import record
 
@@ -167,3 +180,73 @@ def test_traced_legs_refuses_a_bench_that_does_not_report_every_leg(monkeypatch)
     with pytest.raises(AssertionError) as refused:
         traced_legs(lambda **kwargs: ScriptedLLM(**kwargs), WORKLOAD, spec="ngram")
     assert str(refused.value).splitlines()[0] == "on_leg did not see every leg once, in order, as it finished"
+
+
+def test_each_drafter_s_cases_draw_every_warm_up_count_and_cost_what_one_warm_up_leg_did():
+    settings = fold_settings(("ngram", "block"))
+    assert settings == fold_settings(("ngram", "block")), "the draw is seeded"
+    assert list(settings) == [(d, *run) for d in ("ngram", "block") for run in RUNS]
+    for drafter in ("ngram", "block"):
+        mine = [s for (d, *_), ss in settings.items() if d == drafter for s in ss]
+        assert sorted(s.warmup_legs for s in mine) == sorted(WARMUPS) == [0, 1, 2, 3]
+        assert all(s.legs - s.warmup_legs in EXTRA_LEGS for s in mine)
+    assert sum(s.legs for ss in settings.values() for s in ss) == 3 * len(settings)
+    assert fold_settings(("ngram",), seed=1) != fold_settings(("ngram",)), "the seed orders the draw"
+
+
+def test_the_deep_draw_adds_free_settings_to_each_case():
+    ci, deep = fold_settings(("ngram",)), fold_settings(("ngram",), deep=True)
+    assert ci.keys() == deep.keys()
+    for key, settings in deep.items():
+        assert settings[0] == ci[key][0] and len(settings) == 1 + DEEP_SETTINGS
+    free = [s for settings in deep.values() for s in settings[1:]]
+    assert {s.warmup_legs for s in free} == set(range(DEEP_MAX_WARMUP + 1))   # this seed's draw reaches both ends
+    assert {s.legs - s.warmup_legs for s in free} == set(range(1, DEEP_MAX_EXTRA + 1))
+
+
+@pytest.mark.parametrize("legs, warmup_legs", [(2, 2), (1, 3), (3, -1)])
+def test_a_fold_setting_without_a_warm_leg_is_refused(legs, warmup_legs):
+    with pytest.raises(ValueError, match="0 <= warmup_legs < legs"):
+        FoldSetting(legs, warmup_legs)
+    assert FoldSetting(legs + 3, max(warmup_legs, 0)).legs == legs + 3
+
+
+def test_the_warm_leg_predicate_is_checked_at_the_warm_up_the_bench_ran(scripted_bench):
+    out = RequestOutput(0, None, [1], [2, 2], "", "length", RequestStats(verify_steps=1, num_prefills=1))
+    for warmup in (0, 2):
+        legs = scripted_bench([1], 3, warmup, {(1, i): (1.0 + i, [out]) for i in range(3)})
+        workload = Workload.uniform(["p"], 4)
+        assert fold_difference(legs, workload, "ngram", warmup) is None
+        other = 1 if warmup == 0 else 0
+        assert fold_difference(legs, workload, "ngram", other).what == "warm-leg predicate"
+
+
+def test_traced_legs_runs_the_legs_and_warm_up_asked_for():
+    engines = []
+
+    def make_llm(**kwargs):
+        engines.append(ScriptedLLM(**kwargs))
+        return engines[-1]
+    legs, expected, _ = traced_legs(make_llm, WORKLOAD, 4, 2, spec="ngram")
+    assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [
+        (c, i, i >= 2) for c in (1, 4) for i in range(4)]
+    assert all(len(e.calls) == 4 for e in engines) and len(expected) == 8
+    assert fold_difference(legs, WORKLOAD, "ngram", 2) is None
+
+
+def test_the_fold_check_names_the_legs_each_axis_took_before_any_folded_field(bench_legs, monkeypatch):
+    """An acceptance fold past the first leg whatever the warm-up: at warm-up 0 both the
+    populations and the folded fields differ, and the populations are what is named."""
+    fold = bench.fold
+
+    def acceptance_past_the_first_leg(legs):
+        out = fold(legs)
+        for c, entry in out.items():
+            mine = [dataclasses.replace(leg, warm=True) for leg in legs if str(leg.concurrency) == c][1:]
+            entry["acceptance"] = fold(mine)[c]["acceptance"]
+        return out
+    every_leg_warm = [dataclasses.replace(leg, warm=True) for leg in bench_legs]
+    monkeypatch.setattr(bench, "fold", acceptance_past_the_first_leg)
+    assert fold_difference(bench_legs, Workload.uniform(["p"], 4), "ngram") is None
+    assert fold_difference(every_leg_warm, Workload.uniform(["p"], 4), "ngram", 0) == Difference(
+        "legs the acceptance axis folded at concurrency 1", None, None, None, [0, 1, 2], [[0, 1], [0, 2], [1, 2]])

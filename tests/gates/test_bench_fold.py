@@ -2,7 +2,9 @@
 recomputation from the per-leg records written from scratch (gates/bench_fold.py, which the
 acceptance gate also applies to real legs), over bench parameters Hypothesis draws: concurrencies
 (in any order), legs, warm-up legs (none, some, all), each leg's time and its requests'
-acceptance records, with and without a drafter. Checked on the JSON as `specgate bench` writes it."""
+acceptance records, with and without a drafter. Checked on the JSON as `specgate bench` writes it;
+and the populations each axis folded, read back from its figures (same_legs_difference, folded_legs)."""
+import dataclasses
 import json
 
 from hypothesis import given
@@ -12,7 +14,8 @@ from engine.bench import legs as bench
 from engine.bench.workload import Workload
 from engine.outputs import RequestOutput
 from engine.request import RequestStats
-from gates.bench_fold import fold_records, report_difference
+from gates.bench_fold import fold_records, folded_legs, rate_fold, report_difference, same_legs_difference
+from gates.compare import Difference
 from helpers.strategies import examples
 
 
@@ -62,6 +65,10 @@ def test_every_folded_field_equals_its_recomputation_from_the_legs(scripted_benc
     report = bench.report(got, Workload.uniform(["p"], 4, 0.0), {"spec": "ngram" if spec else None})
     written = json.loads(json.dumps(report))
     assert report_difference(written) is None, report_difference(written)
+    assert same_legs_difference(written) is None, same_legs_difference(written)
+    for c in map(str, concurrencies):  # the warm legs fit both axes' figures, whatever else does
+        warm = [i for i in range(legs) if i >= warmup_legs]
+        assert all(warm in fitting for fitting in folded_legs(written, c).values())
 
 
 def test_a_concurrency_without_a_warm_leg_folds_to_none_and_zero_counters(scripted_bench):
@@ -100,3 +107,80 @@ def test_a_wrong_fold_is_a_difference_naming_the_field(scripted_bench):
     for leg in bad["legs"]:
         leg["acceptance"]["oracle_rate"] = 0.5
     assert "oracle_rate" in report_difference(bad).what
+
+
+def distinct_legs(scripted_bench, legs: int, warmup_legs: int) -> list:
+    """One concurrency (2) of `legs` legs whose every figure differs from leg to leg: leg i takes
+    1 + i seconds and its one request has i + 1 accepted tokens, so each set of legs folds to
+    figures of its own."""
+    script = {}
+    for i in range(legs):
+        stats = RequestStats(num_drafts=i + 1, num_draft_tokens=2 * i + 2, num_accepted_tokens=i + 1,
+                             verify_steps=i + 2, accepted_per_position=[i + 1])
+        script[2, i] = (1.0 + i, [RequestOutput(0, None, [1], [2] * (i + 3), "", "length", stats)])
+    return scripted_bench([2], legs, warmup_legs, script)
+
+
+def bench_report(legs: list) -> dict:
+    return json.loads(json.dumps(bench.report(legs, Workload.uniform(["p"], 4, 0.0), {"spec": "ngram"})))
+
+
+def test_each_axis_s_population_is_read_back_from_its_own_figures(scripted_bench):
+    report = bench_report(distinct_legs(scripted_bench, 4, 2))
+    assert folded_legs(report, "2") == {"throughput": [[2, 3]], "acceptance": [[2, 3]]}
+    assert same_legs_difference(report) is None
+    every_leg_warm = bench_report(distinct_legs(scripted_bench, 3, 0))
+    assert folded_legs(every_leg_warm, "2") == {"throughput": [[0, 1, 2]], "acceptance": [[0, 1, 2]]}
+
+
+def test_legs_with_equal_figures_fit_as_several_sets(scripted_bench):
+    """Equal legs (greedy legs run the same tokens): acceptance counters still tell how many legs
+    were folded, equal rates fold to the same mean, min and max over any legs but none."""
+    out = RequestOutput(0, None, [1], [2] * 4, "", "length", RequestStats(num_drafts=1, num_draft_tokens=2,
+                                                                         num_accepted_tokens=1, verify_steps=2,
+                                                                         accepted_per_position=[1]))
+    report = bench_report(scripted_bench([1], 3, 1, {(1, i): (2.0, [out]) for i in range(3)}))
+    assert folded_legs(report, "1") == {"throughput": [[0], [1], [2], [0, 1], [0, 2], [1, 2], [0, 1, 2]],
+                                        "acceptance": [[0, 1], [0, 2], [1, 2]]}
+    assert same_legs_difference(report) is None
+
+
+def test_an_axis_that_cuts_its_own_legs_is_named_with_the_legs_it_took(scripted_bench, monkeypatch):
+    """fold() with the acceptance loop past the first leg whatever the warm-up (a hard-coded
+    one-leg warm-up): invisible at one warm-up leg, named at none and at two."""
+    fold = bench.fold
+
+    def acceptance_past_the_first_leg(legs):
+        out = fold(legs)
+        for c, entry in out.items():
+            mine = [leg for leg in legs if str(leg.concurrency) == c][1:]
+            entry["acceptance"] = fold([dataclasses.replace(leg, warm=True) for leg in mine])[c]["acceptance"]
+        return out
+    monkeypatch.setattr(bench, "fold", acceptance_past_the_first_leg)
+    assert same_legs_difference(bench_report(distinct_legs(scripted_bench, 3, 1))) is None
+    assert same_legs_difference(bench_report(distinct_legs(scripted_bench, 3, 0))) == Difference(
+        "legs the acceptance axis folded at concurrency 2", None, None, None, [0, 1, 2], [[1, 2]])
+    assert same_legs_difference(bench_report(distinct_legs(scripted_bench, 4, 2))) == Difference(
+        "legs the acceptance axis folded at concurrency 2", None, None, None, [2, 3], [[1, 2, 3]])
+
+
+def test_a_throughput_axis_over_other_legs_and_a_summary_naming_other_legs_are_differences(scripted_bench):
+    report = bench_report(distinct_legs(scripted_bench, 4, 2))
+    every_leg = json.loads(json.dumps(report))
+    every_leg["summary"]["2"] |= rate_fold("tokens_per_s", [leg["tokens_per_s"] for leg in report["legs"]])
+    assert every_leg["summary"]["2"]["tokens_per_s_mean"] == 2.04   # 3, 2, 1.67 and 1.5 tokens/s
+    assert folded_legs(every_leg, "2")["throughput"] == [[0, 1, 2, 3]]
+    assert same_legs_difference(every_leg) == Difference(
+        "legs the throughput axis folded at concurrency 2", None, None, None, [2, 3], [[0, 1, 2, 3]])
+    nothing_fits = json.loads(json.dumps(report))
+    nothing_fits["summary"]["2"]["acceptance"]["num_requests"] = 7
+    assert same_legs_difference(nothing_fits) == Difference(
+        "legs the acceptance axis folded at concurrency 2", None, None, None, [2, 3], "no set of legs")
+    misnamed = json.loads(json.dumps(report))
+    misnamed["summary"]["2"]["legs"] = [1, 2, 3]
+    assert same_legs_difference(misnamed) == Difference(
+        "legs the fold names at concurrency 2 (summary.legs)", None, None, None, [2, 3], [1, 2, 3])
+    unknown = json.loads(json.dumps(report))
+    for leg in unknown["legs"]:
+        leg["acceptance"]["oracle_rate"] = 0.5
+    assert "oracle_rate" in same_legs_difference(unknown).what

@@ -5,9 +5,10 @@ import dataclasses
 
 import pytest
 
-from gates.compare import runs_difference, token_difference
+from gates.compare import Difference, runs_difference, token_difference
 from gates.invariants import (
     acceptance_difference,
+    limits_difference,
     logits_window_difference,
     mixed_refusals,
     ngram_draft_difference,
@@ -36,6 +37,33 @@ def test_real_runs_pass_every_single_run_check(refusals_pair):
         assert acceptance_difference(r.outputs, r.trace, greedy) is None
         assert ngram_draft_difference(r.outputs, r.trace) is None
         assert logits_window_difference(r.trace) is None
+        assert limits_difference(r.trace) is None
+
+
+def test_the_limits_check_goes_red_on_a_real_step_over_its_budget_or_past_its_blocks(refusals_pair):
+    """The async run (a full pool: preemption): its busiest step with one token less of budget,
+    and a device-fed row with one block less than it held."""
+    _, async_ = refusals_pair
+    trace = copy.deepcopy(async_.trace)
+    busiest = max(trace, key=lambda s: sum(len(r.input_ids) for r in s.requests))
+    tokens = sum(len(r.input_ids) for r in busiest.requests)
+    busiest.limits = dataclasses.replace(busiest.limits, max_num_batched_tokens=tokens - 1)
+    assert limits_difference(trace) == Difference("tokens scheduled <= max_num_batched_tokens", busiest.step, -1, -1,
+                                                  f"<= {tokens - 1}", tokens)
+    trace = copy.deepcopy(async_.trace)
+    step, rec = next((s, r) for s in trace for r in s.requests
+                     if r.device_fed and len(s.limits.blocks_held[r.request_id]) > 1
+                     and max(r.positions) >= (len(s.limits.blocks_held[r.request_id]) - 1) * s.limits.block_size)
+    held = step.limits.blocks_held[rec.request_id]
+    sink = step.limits.num_kv_blocks
+    step.limits.blocks_held[rec.request_id] = held[:-1]
+    rec.block_table = held[:-1] + [sink] * (len(rec.block_table) - len(held) + 1)
+    diff = limits_difference(trace)
+    assert (diff.what, diff.step, diff.request_id) == ("KV blocks held + free = the pool", step.step, -1)
+    step.limits = dataclasses.replace(step.limits, num_free_blocks=step.limits.num_free_blocks + 1)
+    diff = limits_difference(trace)
+    assert (diff.what, diff.step, diff.request_id, diff.expected) == (
+        "KV reserved covers the positions written", step.step, rec.request_id, f"< {(len(held) - 1) * 16}")
 
 
 def test_emit_count_goes_red_on_one_changed_emit_count(refusals_pair):

@@ -35,12 +35,12 @@ prove: venv
 	@mkdir -p reports
 	$(VENV)/bin/specgate prove --jobs $(JOBS) --json reports/prove.json --markdown reports/prove.md --html reports/prove.html
 
-# The last line is the veto's verdict (LIFT or KEEP, with reasons); KEEP is informational (always
-# so without CUDA); the exit status stays the gates run's: a red gate fails `make gates`.
+# The whole decision (gates/decide.py): every gate, on the GPU when there is one (both forwards),
+# with BENCH1B=1 also the 1B benchmark shape's gates there (its folder written once to
+# ~/.cache/specgate/bench-models), then the veto's verdict, last: LIFT or KEEP with reasons. KEEP is
+# informational (always so without CUDA); the exit status is the gates runs': a red gate fails it.
 gates: venv
-	@mkdir -p reports
-	@$(VENV)/bin/specgate gates run --jobs $(JOBS) --json reports/gates.json --junit reports/gates.xml; status=$$?; \
-	 $(VENV)/bin/specgate gates verdict reports/gates.json; exit $$status
+	@$(VENV)/bin/specgate gates decide --jobs $(JOBS) --reports reports$(if $(filter 1,$(BENCH1B)), --bench1b)
 
 gate: venv
 	@test -n "$(NAME)" || { echo "usage: make gate NAME=<gate-name>   (names: specgate gates list)"; exit 2; }

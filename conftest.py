@@ -55,6 +55,10 @@ def make_llm(target_dir, drafter_dir):
     from engine import LLM
 
     def make(**kwargs):
+        # The reference forward unless a test asks for the compiled one, on CUDA too (where the
+        # engine's default compiles): inductor's compile costs seconds, and under mutation a compiled
+        # engine cannot run mutmut's trampolines (dynamo cannot trace them).
+        kwargs.setdefault("compile", False)
         kwargs.setdefault("max_model_len", 256)
         kwargs.setdefault("max_num_batched_tokens", 1024)
         if kwargs.get("spec") == "block":

@@ -38,8 +38,9 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
                     "with reason 'context'")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                     help="default: the checkpoint's dtype (float32 for float16 or unstated)")
-    ap.add_argument("--compile", action="store_true",
-                    help="run the fused forward compiled by inductor (engine/fused.py; CUDA's fast path)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="the fused forward compiled by inductor (engine/fused.py), or with --no-compile the "
+                    "reference forward (default: compiled on CUDA, the reference on the CPU)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -103,10 +104,13 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from engine.bench import legs as bench
+    from engine.config import resolve_compile
     from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
         return _measure_load(args)
+    if args.measure_startup:
+        return _measure_startup(args)
     concurrencies = args.concurrency
     if args.legs <= args.warmup_legs:
         print(f"specgate: error: --legs {args.legs} with --warmup-legs {args.warmup_legs} leaves no warm leg "
@@ -130,9 +134,9 @@ def cmd_bench(args) -> int:
         tag = f"{leg.spec or 'plain'} " if oracle else ""  # the oracle bench runs both passes
         print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
-    meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0,
-            "device": args.device, "graph": args.graph, "compile": args.compile, "max_model_len": _max_model_len(args),
-            "models": model_checksums(args.model, _drafter(args))}
+    meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0, "device": args.device,
+            "graph": args.graph, "compile": resolve_compile(args.compile, args.device),
+            "max_model_len": _max_model_len(args), "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
         def make(c, script):
@@ -202,6 +206,29 @@ def _measure_load(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load": m, "model": args.model, "device": args.device}, f, indent=2)
+    return 0
+
+
+def _measure_startup(args) -> int:
+    """`specgate bench --measure-startup`: building the engine and its first request, cold (an empty
+    inductor cache) and warm, each in a fresh child process (engine/bench/startup.py)."""
+    from engine.bench.startup import CACHE_STATES, measure_startup
+    from engine.config import resolve_compile
+    max_model_len = _max_model_len(args)
+    engine = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args), device=args.device,
+                  async_runner=args.async_runner, graph=args.graph, compile=args.compile, max_model_len=max_model_len,
+                  max_num_batched_tokens=max(2048, max_model_len), **({"dtype": args.dtype} if args.dtype else {}))
+    result = measure_startup(args.model, engine)
+    forward = "compiled" if resolve_compile(args.compile, args.device) else "reference"
+    print(f"start-up of {args.model} on {args.device}, the {forward} forward{', graph arm' if args.graph else ''}:")
+    for state in CACHE_STATES:
+        m = result[state]
+        print(f"  {state}: {m['startup_s']} s (engine {m['engine_s']} s with {m['graphs']} graphs captured, first "
+              f"request {m['first_request_s']} s against {m['steady_request_s']} s warm; compiling {m['compile_s']} s, "
+              f"inductor cache {m['cache_hits']} hits, {m['cache_misses']} misses)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
     return 0
 
 
@@ -356,6 +383,9 @@ def main(argv=None) -> int:
                    "on the CPU: aten ops)")
     b.add_argument("--measure-load", action="store_true", help="only load the weights and report the "
                    "load time and peak host memory (run it in a fresh process)")
+    b.add_argument("--measure-startup", action="store_true", help="only report what building the engine and its "
+                   "first request cost (compiling, graph capture), with an empty inductor cache and a warm one, each "
+                   "in a fresh process")
     from engine.bench.models import SHAPES
     b.add_argument("--model-shape", choices=list(SHAPES), default=None,
                    help="bench the seeded random-weight model of this shape (written to the cache if missing; "

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from engine.compile_cache import inductor_cache_dir
+
 ATTENTION_BACKENDS = ("sdpa", "flex")
 # SDPA has no fused kernel for grouped-query heads under a mask: with enable_gqa and a mask it
 # falls back to the math kernel, which materialises [R, H, Q, L] scores in float32 (a 32k-token
@@ -117,7 +119,9 @@ def flex_kernels(device: str, block_size: int) -> FlexKernels:
 def compile_fullgraph(fn: Callable, dynamic: bool, backend: str = "inductor") -> Callable:
     """torch.compile(fn, fullgraph=True), with dynamo's recompile limit raised to RECOMPILE_LIMIT
     (a process-wide setting: dynamo counts it per code object, shared by every engine built in
-    the process, so it cannot be given to one engine alone)."""
+    the process, so it cannot be given to one engine alone), and inductor's kernels kept in
+    specgate's cache across runs (engine/compile_cache.py)."""
+    inductor_cache_dir()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
 

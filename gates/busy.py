@@ -127,7 +127,7 @@ def measure_decode(llm, params) -> DecodeBusy:
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
+def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
     arm = "graph" if graph else "eager"
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     engines = {runner: make_llm(device="cuda", spec="ngram", num_spec_tokens=4, graph=graph,
@@ -155,7 +155,7 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
     assert all(len(v) == LEGS for v in busy.values()), f"a runner is missing measured legs: {busy}"
     result = PairedMedianAB("gpu_busy_fraction", busy["sync"], busy["async"], min_effect=BUSY_MIN_EFFECT)
     figures = result.as_dict()
-    level = {"arm": arm, "async_level": round(median(busy["async"]), 4),
+    level = {"arm": arm, "forward": forward, "async_level": round(median(busy["async"]), 4),
              "sync_level": round(median(busy["sync"]), 4),
              "kernel_busy_async": round(median(kernel_busy["async"]), 4),
              "kernel_busy_sync": round(median(kernel_busy["sync"]), 4),
@@ -166,4 +166,4 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, graph):
         assert engines["async"].runner.num_graph_replays, "graph=True never replayed a CUDA graph"
     gate_record.evidence(**level, **figures)
     problems = judge_busy(arm, result, threshold if graph else None)
-    assert not problems, "; ".join(problems)
+    assert not problems, f"{forward} forward: " + "; ".join(problems)

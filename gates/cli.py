@@ -1,5 +1,5 @@
-"""`specgate gates list`, `specgate gates run [NAME ...] [--json FILE] [--junit FILE]` and
-`specgate gates verdict [REPORT.json ...]`.
+"""`specgate gates list`, `specgate gates run [NAME ...] [--json FILE] [--junit FILE]`,
+`specgate gates verdict [REPORT.json ...]` and `specgate gates decide [--bench1b]` (gates/decide.py).
 
 Which defects prove each gate is handed in (`proven_against`, gate -> defect names) by the layer
 that knows the defect catalogue: the specgate command. `python -m gates.cli` alone has no
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from engine.veto import EVIDENCE_FILE
 from gates import report
-from gates.argtypes import device, float_in, folder, int_at_least, output_file
-from gates.registry import GATES, by_name
+from gates.argtypes import choice_list, device, float_in, folder, int_at_least, output_file
+from gates.registry import FORWARDS, GATES, by_name
 
 ENGINE_DTYPES = ("float32", "bfloat16")  # engine.config.DTYPES, named here so --help needs no torch
 
@@ -42,6 +42,11 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     run.add_argument("--busy-threshold", type=float_in(0.0, 1.0, lo_open=True), default=None, metavar="LEVEL",
                      help="busy gate: the busy fraction the async graph arm must reach (default per model: "
                      "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
+    run.add_argument("--forwards", type=choice_list(*FORWARDS), default=None, metavar="F[,F]",
+                     help="the forwards the gates judge: reference (compile=False), compiled (compile=True). Default: "
+                     "both with --device cuda, where each forward-dependent gate runs its engine tests once per "
+                     "forward; the reference on the CPU, both under --deep, where the compiled forward is judged "
+                     "by emit-count's compiled case alone (inductor's CPU compile takes minutes)")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
     run.add_argument("--stop-at-red", action="store_true", help="end a gate at its first failed check (the gate "
                      "is red whatever its other tests give; `specgate prove` runs its defect trees so)")
@@ -66,6 +71,22 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                          "engine reads (default engine/veto-evidence.json): the veto lifts by default only for "
                          "that engine's sources, device kinds and forwards")
     verdict.set_defaults(func=cmd_verdict)
+    decide = sub.add_parser("decide", help="the whole decision, what `make gates` runs: every gate (on the GPU "
+                            "when there is one), with --bench1b the 1B shape's gates too, then the verdict")
+    decide.add_argument("--bench1b", action="store_true", help="on CUDA, then run busy, speed-ab and no-sync on "
+                        "the 1B benchmark shape (written once to ~/.cache/specgate/bench-models, $SPECGATE_CACHE)")
+    decide.add_argument("--device", type=device, default=None, help="default: cuda when available, else cpu")
+    decide.add_argument("--jobs", type=int_at_least(1), default=os.cpu_count() or 1, metavar="N",
+                        help="pytest processes at once (as gates run)")
+    decide.add_argument("--reports", type=output_file, default="reports", metavar="DIR",
+                        help="where gates.json, gates.xml (and gates-1b.json, .xml) go, made if missing "
+                        "(default: reports)")
+    decide.set_defaults(func=cmd_decide)
+
+
+def cmd_decide(args) -> int:
+    from gates.decide import cmd_decide as decide
+    return decide(args)
 
 
 def cmd_list(args) -> int:
@@ -104,6 +125,7 @@ def cmd_run(args) -> int:
                        drafter=args.drafter, device=args.device, proven_against=args.proven_against,
                        pytest_args=(("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
                        + (("--dtype", args.dtype) if args.dtype else ())
+                       + (("--forwards", ",".join(args.forwards)) if args.forwards else ())
                        + (("--gates-stop-at-red",) if args.stop_at_red else ()),
                        coverage_dir=args.coverage, jobs=args.jobs)
     print(report.table(result.gates))

@@ -12,6 +12,14 @@ committed output so far, call by call (gates/invariants.py history_difference).
 Verify is lossless, so a stale draft or a logit gathered from the wrong row can leave every
 token right and move only acceptance: these checks see acceptance, per step, exactly.
 
+The compiled forward against the reference one (when the session judges both: on CUDA, or on the
+CPU under --deep or --forwards reference,compiled): compile=True as a user sets it, inductor's
+kernels for the fused layers, the attention metadata, the logits gather, verify and the n-gram
+proposer, must emit per step and request exactly what the reference forward emits, and equal the
+naive reference decoder. The block drafter reads the target's hidden states, so a fused forward
+that hands it the wrong ones moves only acceptance, which the compiled arm's own async-vs-sync
+comparison cannot see (both runners share the fault): emit counts against the reference forward do.
+
 Through the request lifecycle too: with requests aborted (waiting, running, with their step in
 flight, their slot then taken by a new admission), the requests not aborted pass every check above
 and emit, per (request, position), exactly what a sync run without the aborted ones emits; with a
@@ -48,6 +56,7 @@ from gates.lifecycle import (
     run_against_kept,
     scheduling_gaps,
 )
+from gates.plugin import COMPILED, REFERENCE
 from gates.reference import reference_difference
 from gates.workloads import (
     CONTEXT_LIMIT,
@@ -60,6 +69,7 @@ from gates.workloads import (
     context_limit_engine,
     gate_settings,
     limits_engine,
+    run,
     run_pair,
     workloads,
 )
@@ -117,6 +127,25 @@ def note_coverage(gate_record, sync, async_):
     gate_record.occurred("host-history request", any(async_.workload.host_history))
     gate_record.occurred("logits processor histories checked call by call",
                          any(len(calls) > 1 for calls in async_.histories.values()))
+
+
+# First in the module: a compiled-forward defect's tree (specgate prove) stops the gate at its first red.
+@pytest.mark.forwards(REFERENCE, COMPILED)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_the_compiled_forward_emits_what_the_reference_forward_emits(make_llm, gate_record, reference, drafter):
+    """The async runner's graph arm, mixed refusals and preemption, once per forward: the compiled
+    run's tokens equal the naive reference decoder's, and its emit counts the reference forward's
+    per (request, position)."""
+    engine = dict(spec=drafter, num_spec_tokens=3, graph=True, async_runner=True, **MIXED_REFUSALS_ENGINE)
+    gate_record.case(drafter=drafter, workload="mixed refusals", k=3, forwards=f"{COMPILED} vs {REFERENCE}")
+    expected = run(make_llm, MIXED_REFUSALS, compile=False, **engine)
+    compiled = run(make_llm, MIXED_REFUSALS, compile=True, **engine)
+    gate_record.check(reference_difference(reference, compiled, compiled.max_model_len)[0],
+                      f"{compiled.label()}, compiled: the engine vs the naive reference decoder")
+    gate_record.check(runs_difference(expected, compiled, fields=("emit_count",)),
+                      "the compiled forward vs the reference forward")
+    note_coverage(gate_record, expected, compiled)
+    assert any(r.num_draft for s in compiled.trace for r in s.requests if not r.is_prefill), "no draft was verified"
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -107,9 +107,10 @@ UNSEEDED = Workload.uniform(PROMPTS[:4], 12, 1.0)
 
 
 @pytest.fixture(scope="module")
-def plain_greedy(make_llm):
+def plain_greedy(make_llm, forward):
     """Plain greedy output of every prompt, without and with the logits processor, keyed
-    (prompt, has processor); a shorter max_tokens gives a prefix of it."""
+    (prompt, has processor); a shorter max_tokens gives a prefix of it. Once per forward: spec
+    runs are compared with plain runs of their own forward."""
     llm = make_llm(async_runner=False)
     out = {}
     for processed in (False, True):

@@ -10,6 +10,7 @@ occurred).
 Over 300 lines because the options, the per-gate record and the hooks that judge and report it
 share one session's state, which pytest hands to a plugin module.
 """
+import argparse
 import json
 import os
 from dataclasses import asdict
@@ -17,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import FORWARDS
 from gates import report as verdicts
+from gates.argtypes import choice_list
 from gates.provenance import judged
 from gates.registry import GATES, Gate, gate_of_file, has_cuda
 from gates.workloads import drafter_skips
 
 SESSION_PLUGIN = "specgate-gate-session"
+REFERENCE, COMPILED = FORWARDS
 # The model folders the gates use when neither an option nor the environment names one. The layer
 # that knows the fixture models (the root conftest.py) puts them here; the gates import no fixtures.
 DEFAULT_MODELS = pytest.StashKey[dict[str, Path]]()
@@ -40,6 +44,9 @@ def pytest_addoption(parser):
                     "else the model folder's own)")
     group.addoption("--busy-threshold", default=None, help="busy gate: the busy fraction the async runner's "
                     "graph arm must reach (default: $SPECGATE_BUSY_THRESHOLD, else per model, see gates/busy.py)")
+    group.addoption("--forwards", default=None, help="forwards the gates judge, comma-separated: reference, "
+                    "compiled (default: $SPECGATE_FORWARDS, else both with a cuda --device, the reference on the "
+                    "CPU, both on the CPU under the deep profile; see gates/conftest.py for what each runs)")
     group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
     group.addoption("--gates-spec", default=None, help="JSON list of gate definitions to use instead "
                     "of the registry (tests of the harness)")
@@ -57,7 +64,33 @@ def pytest_configure(config):
     if config.getoption("--gates-spec"):
         raw = json.loads(Path(config.getoption("--gates-spec")).read_text())
         gates = tuple(Gate(**{**g, "path": Path(g["path"]) if g.get("path") else None}) for g in raw)
+    config.addinivalue_line("markers", "forwards(*names): the test runs these forwards itself (compile=...): "
+                            "collected only when the session judges every one of them")
     config.pluginmanager.register(GateSession(config, gates), SESSION_PLUGIN)
+
+
+def judged_forwards(config) -> tuple[str, ...]:
+    """The forwards the session judges: --forwards / $SPECGATE_FORWARDS, else both on a cuda device
+    (where the compiled forward is what users run) and the reference one on the CPU (inductor's CPU
+    compile costs 30-150 s an engine on two cores), both under the deep profile there."""
+    given = option(config, "--forwards", "SPECGATE_FORWARDS")
+    if given:
+        try:
+            return choice_list(*FORWARDS)(given)
+        except argparse.ArgumentTypeError as e:
+            raise pytest.UsageError(f"--forwards: {e}") from None
+    on_cuda = (option(config, "--device", "SPECGATE_DEVICE") or "cpu").startswith("cuda")
+    deep = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+    return FORWARDS if on_cuda or deep else (REFERENCE,)
+
+
+def axis_forwards(config) -> tuple[str, ...]:
+    """The values of the `forward` axis of a forward-dependent gate's engine-building tests: the
+    judged forwards on a cuda device; on the CPU the reference alone, whatever is judged (a compiled
+    axis would compile for hours there): the compiled forward is then judged by the tests marked
+    forwards(...), which run both forwards themselves."""
+    on_cuda = (option(config, "--device", "SPECGATE_DEVICE") or "cpu").startswith("cuda")
+    return judged_forwards(config) if on_cuda else (REFERENCE,)
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +109,8 @@ class Recorder:
         """Start a case: one engine run or comparison the gate checks. Evidence recorded from
         here on belongs to it (for Hypothesis, the failing example is the last case run)."""
         test = self._session.current_test()
-        test["cases"].append(_jsonable(params))
+        axis = self._session.axis_param()
+        test["cases"].append(_jsonable(params if axis is None else {"forward": axis, **params}))
         test["evidence"] = []
 
     def occurred(self, claim: str, condition: bool = True) -> None:
@@ -114,6 +148,10 @@ class GateSession:
         self.tests: dict[str, dict[str, dict]] = {g.name: {} for g in gates}
         self.claims: dict[str, set[str]] = {g.name: set() for g in gates}
         self.unexercisable: dict[str, dict[str, str]] = {g.name: {} for g in gates}  # claim -> proof
+        # Forwards: what each gate's collected tests ask for (the axis, the forwards(...) marker)
+        # and what its engines ran; each forward asked for is a claim ("compiled forward").
+        self.forwards_asked: dict[str, set[str]] = {g.name: set() for g in gates}
+        self.forwards_run: dict[str, set[str]] = {g.name: set() for g in gates}
         self.declared_claims: dict[str, tuple[str, ...]] = {}
         self.collect_errors: dict[str, str] = {}
         self.current_item = None
@@ -143,11 +181,54 @@ class GateSession:
     def current_test(self) -> dict:
         return self._test_of(self.current_item)
 
+    def axis_param(self) -> str | None:
+        """The running test's `forward` parameter, None when it has none."""
+        callspec = getattr(self.current_item, "callspec", None)
+        return callspec.params.get("forward") if callspec is not None else None
+
+    def current_forward(self) -> str:
+        """The forward a gate's engine runs unless the test says (compile=...): the test's axis
+        value, else the reference forward."""
+        return self.axis_param() or REFERENCE
+
+    def build_engine(self, factory, judged: bool = True, **kwargs):
+        """factory(**kwargs) (an LLM) on the running test's forward unless compile= is given. Its
+        forward counts as judged by the running gate (the report's `forwards`, the claim
+        "<forward> forward"), unless judged=False: an engine the gate uses but does not judge."""
+        kwargs.setdefault("compile", self.current_forward() == COMPILED)
+        llm = factory(**kwargs)
+        gate = self.gate_of(self.current_item.path) if self.current_item is not None else None
+        if gate is not None and judged:
+            self.forwards_run[gate.name].add(llm.config.forward)
+            self.claims[gate.name].add(f"{llm.config.forward} forward")
+        return llm
+
     def current_claims(self) -> set[str]:
         gate = self.gate_of(self.current_item.path) if self.current_item is not None else None
         return self.claims[gate.name] if gate else set()
 
     # ---- hooks --------------------------------------------------------------------------------
+    def pytest_collection_modifyitems(self, config, items):
+        """Tests marked forwards(...) run only when the session judges each of those forwards; the
+        forwards every kept test asks for become its gate's claims."""
+        judged = set(judged_forwards(config))
+        kept, dropped = [], []
+        for item in items:
+            marker = item.get_closest_marker("forwards")
+            asked = set(marker.args) if marker else set()
+            if not asked <= judged:
+                dropped.append(item)
+                continue
+            kept.append(item)
+            gate = self.gate_of(item.path)
+            callspec = getattr(item, "callspec", None)
+            param = callspec.params.get("forward") if callspec is not None else None
+            if gate is not None:
+                self.forwards_asked[gate.name] |= asked | ({param} if param else set())
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+
     def pytest_collectreport(self, report):
         gate = self.gate_of(report.fspath) if report.fspath else None
         if gate is not None and report.failed:
@@ -220,7 +301,8 @@ class GateSession:
 
     def gate_result(self, gate: Gate) -> verdicts.GateResult:
         tests = list(self.tests[gate.name].values())
-        claims, seen = self.declared_claims.get(gate.name, ()), self.claims[gate.name]
+        asked = tuple(f"{f} forward" for f in FORWARDS if f in self.forwards_asked[gate.name])
+        claims, seen = self.declared_claims.get(gate.name, ()) + asked, self.claims[gate.name]
         # A claim about a drafter the gates skip on this target (the drafter's name, or a claim
         # starting "<drafter> drafter ...") is not demanded; why is reported.
         waived = {c: why for d, why in self.skipped_drafters().items() for c in claims
@@ -239,6 +321,7 @@ class GateSession:
             cases=[{"test": t["nodeid"].split("::", 1)[-1], **c} for t in tests for c in t["cases"]],
             evidence=evidence, measurements=[m for t in tests for m in t["measurements"]],
             claims={c: c in seen for c in claims}, waived_claims=waived,
+            forwards=[f for f in FORWARDS if f in self.forwards_run[gate.name]],
             tests=[verdicts.TestRecord(t["nodeid"], t["outcome"], t["message"], round(t["seconds"], 3), len(t["cases"]))
                    for t in tests],
             seconds=round(sum(t["seconds"] for t in tests), 3))
@@ -314,7 +397,7 @@ def environment(config) -> dict:
             "model_given": model is not None, "drafter_given": drafter is not None, "model_sha256": checksums,
             "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
-            **judged(device, target)}
+            **judged(device, target, judged_forwards(config))}
 
 
 def _jsonable(value):

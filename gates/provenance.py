@@ -1,7 +1,8 @@
 """What a gate report judged, recorded in its environment so that the veto's verdict can refuse to
 combine reports of different trees and the evidence names exactly what it covers: a hash of the
 engine's, the gates' and the fixtures' sources (and the commit, where there is a git checkout), the
-device, the model folder's shape, and the forwards the gates ran."""
+device, the model folder's shape, and the forwards the session judged (each gate's result names the
+forwards its own engines ran)."""
 import json
 import platform
 import subprocess
@@ -12,9 +13,6 @@ from engine.veto import engine_source_hash, source_hash
 REPO = Path(__file__).resolve().parent.parent
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "max_position_embeddings")
-# Every gate builds its engines with the reference forward (compile=False): the compiled forward is
-# not judged yet, so evidence from these reports lifts the veto for the reference forward only.
-FORWARDS = ("reference",)
 
 
 def sources() -> dict[str, str]:
@@ -50,6 +48,6 @@ def model_shape(model_dir: Path | None) -> dict:
     return {k: raw[k] for k in SHAPE_KEYS if k in raw}
 
 
-def judged(device: str, model_dir: Path | None) -> dict:
+def judged(device: str, model_dir: Path | None, forwards: tuple[str, ...]) -> dict:
     return {"sources": sources(), "commit": commit(), "device_name": device_name(device),
-            "model_shape": model_shape(model_dir), "forwards": list(FORWARDS)}
+            "model_shape": model_shape(model_dir), "forwards": list(forwards)}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 GATES_DIR = Path(__file__).resolve().parent
 NEEDS = ("cpu", "cuda")
+# engine.config.FORWARDS, named here so the registry, the command's --help and the defect catalogue need no torch
+FORWARDS = ("reference", "compiled")
 KEBAB_CASE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 
@@ -39,6 +41,10 @@ class Gate:
     # Measures time or the device's busy level: `gates run --jobs N` runs it alone, after the
     # other gates, so no other gate's process shares the cores while it measures.
     timed: bool = False
+    # Its verdict depends on the forward the engine runs (the reference modules or the fused one
+    # compiled by inductor): on CUDA each of its engine-building tests runs once per forward the
+    # session judges (the `forward` axis, gates/conftest.py), and the veto's verdict needs both.
+    forward_axis: bool = False
 
     def __post_init__(self):
         check_name("gate", self.name)
@@ -53,16 +59,20 @@ class Gate:
 GATES = (
     Gate("lossless", "lossless", "G1: greedy spec output equals plain greedy token for token (both drafters, "
          "both runners, eager and graph arm); sampled output passes a chi-square test against the target, "
-         "and a lossy verify fails it", "cpu", mutation_suite=True),
+         "and a lossy verify fails it", "cpu", mutation_suite=True, forward_axis=True),
     Gate("combine", "combine", "G2: per step and request, the async runner's device inputs (ids, positions, "
-         "sequence length, logits window) equal the sync runner's", "cpu", mutation_suite=True),
+         "sequence length, logits window) equal the sync runner's", "cpu", mutation_suite=True,
+         forward_axis=True),
     Gate("emit-count", "emit_count", "per step and request, async emit counts equal sync's, every run's "
-         "trace agrees with its tokens and metrics, and greedy acceptance equals what the drafts imply",
-         "cpu", mutation_suite=True),
+         "trace agrees with its tokens and metrics, greedy acceptance equals what the drafts imply, and the "
+         "compiled forward emits what the reference forward emits",
+         "cpu", mutation_suite=True, forward_axis=True),
     Gate("reason-a", "reason_a", "on every verify step, eager and graph arm, each request's logits window "
-         "starts at its query start and covers its drafts + 1 rows", "cpu", mutation_suite=True),
+         "starts at its query start and covers its drafts + 1 rows", "cpu", mutation_suite=True,
+         forward_axis=True),
     Gate("predicate-split", "predicate_split", "batches where refused (prefill, resumed, host history) and "
-         "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu", mutation_suite=True),
+         "device-fed requests share a step: async equals sync in tokens and emit counts", "cpu", mutation_suite=True,
+         forward_axis=True),
     Gate("depth", "depth", "requests from the start of the context to 4,072 positions on a decisive random "
          "folder (8,232 under --deep; on CUDA the 1B shape to 33,808, past 32,768): async spec tokens equal plain "
          "at every depth, the oracle drafter's tokens per verify step stay at the level asked for in every depth "
@@ -71,16 +81,18 @@ GATES = (
          "units, and at drawn leg and warm-up counts both axes fold exactly the warm legs", "cpu"),
     Gate("speed-ab", "speed_ab", "G3: TPOT and output throughput, sync against async, eager and graph arm, at "
          "concurrency 1 and 8, runners interleaved; a delta under the runners' spread is reported as under "
-         "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", timed=True),
+         "the floor (CPU: a smoke run; the verdict reads the graph arm on CUDA)", "cpu", timed=True,
+         forward_axis=True),
     Gate("busy", "busy", "G4: the busy level of the decode window, eager and graph arm, async and sync; the "
-         "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda", timed=True),
+         "async graph arm must reach --busy-threshold and beat sync beyond a bootstrap floor", "cuda", timed=True,
+         forward_axis=True),
     Gate("oracle", "oracle", "transformers itself as the reference: greedy tokens equal its argmax on the fixture "
          "target and random Llama 3- and Llama 2-style folders, float32 and bfloat16 (judged above bfloat16 "
          "rounding, past 1,000 positions, mixed-length batch); tokenizer ids equal AutoTokenizer's per layout; "
          "generation defaults equal its generate", "cpu"),
     Gate("no-sync", "no_sync", "the whole async decode loop (schedule to commit) makes no host read beyond "
          "the engine's declared waits: a host-read hook everywhere, and on CUDA "
-         "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu"),
+         "torch.cuda.set_sync_debug_mode('error') around each step; eager and graph arm", "cpu", forward_axis=True),
 )
 
 

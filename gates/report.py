@@ -45,6 +45,7 @@ class GateResult:
     measurements: list[dict] = field(default_factory=list)    # figures a timing gate recorded
     claims: dict[str, bool] = field(default_factory=dict)     # claim -> whether it occurred
     waived_claims: dict[str, str] = field(default_factory=dict)  # claim -> why it is not demanded here
+    forwards: list[str] = field(default_factory=list)         # forwards its engines ran: reference, compiled
     tests: list[TestRecord] = field(default_factory=list)
     seconds: float = 0.0
     coverage: dict | None = None  # `gates run --coverage`: this gate's reach (gates/reach.py)

@@ -40,7 +40,7 @@ def workload(concurrency: int) -> list[str]:
 
 @pytest.mark.parametrize("graph_arm", GRAPH_ARMS)
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, drafter, graph_arm):
+def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, forward, drafter, graph_arm):
     graph = graph_arm == "graph"
     max_tokens = MAX_TOKENS["cuda" if gate_device.startswith("cuda") else "cpu"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -78,7 +78,8 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
         results.append(ABResult("output_tokens_per_s", c, True, [leg.throughput for leg in warm["sync"]],
                                 [leg.throughput for leg in warm["async"]]))
     figures = [r.as_dict() for r in results]
-    gate_record.measure(drafter=drafter, device=gate_device, graph_arm=graph_arm, max_tokens=max_tokens, ab=figures,
+    gate_record.measure(drafter=drafter, device=gate_device, forward=forward, graph_arm=graph_arm,
+                        max_tokens=max_tokens, ab=figures,
                         legs=[dict(arm=leg.arm, concurrency=leg.concurrency, index=leg.index, warm=leg.warm,
                                    order=leg.order, seconds=round(leg.seconds, 4), tokens=leg.output_tokens,
                                    tpot_ms=round(leg.tpot_ms, 4)) for leg in legs])
@@ -87,7 +88,8 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, dra
     if gate_device.startswith("cuda"):
         worse = [f for r, f in zip(results, figures) if is_regression(r, graph)]
         gate_record.evidence(slower=worse)
-        assert not worse, f"{graph_arm} arm: async is slower than sync beyond the noise floor: {worse}"
+        assert not worse, (f"{graph_arm} arm, {forward} forward: async is slower than sync beyond the noise "
+                           f"floor: {worse}")
 
 
 def is_regression(result: ABResult, graph: bool) -> bool:

@@ -10,10 +10,14 @@ and says LIFT only when:
 - every gate in the registry ran and was green on CUDA (the report's environment says CUDA was
   available and the engine ran on a cuda device), with none of its tests skipped: the veto
   governs GPU runs, and busy, no-sync's sync debug mode and real graph replay exist only there;
+- every gate whose verdict depends on the forward (Gate.forward_axis) judged, green on CUDA, both
+  the reference and the compiled forward (its result's `forwards`): CUDA runs compile by default,
+  and the evidence lifts the veto for the forwards it names only;
 - no report has a red or errored gate, on any device;
 - in every CUDA report (every round, every model), speed-ab's graph arm shows async ahead of sync
   beyond the floor on every A/B (both drafters, c=1 and c=8, TPOT and throughput): a delta under
-  the floor is not a gain; and busy's graph arm keeps the async level at its threshold.
+  the floor is not a gain; and busy's graph arm keeps the async level at its threshold; each
+  forward's figures count.
 Otherwise it says KEEP and names each reason. On a machine without CUDA it is always KEEP.
 
 `--record` writes the decision, with what it judged, to engine/veto-evidence.json (or a path given):
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config import FORWARDS
 from engine.veto import EVIDENCE_FILE, engine_source_hash
 from gates.measure import UNDER_THE_FLOOR
 from gates.registry import GATES
@@ -32,6 +37,10 @@ from gates.report import GateReport, GateResult
 
 LIFT, KEEP = "LIFT", "KEEP"
 SPEED_GATE, BUSY_GATE, DECIDING_ARM = "speed-ab", "busy", "graph"
+FORWARD_GATES = tuple(g.name for g in GATES if g.forward_axis)
+# What a report that names no forwards judged: every gate ran the reference forward before reports
+# recorded them.
+UNRECORDED_FORWARDS = ("reference",)
 
 
 class MixedTrees(ValueError):
@@ -44,11 +53,13 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)   # why KEEP (empty for LIFT)
     runs: list[str] = field(default_factory=list)      # which gate ran where, with what status
     figures: dict = field(default_factory=dict)        # what decided it: speed-ab's graph A/Bs, busy's levels
+    forwards: list[str] = field(default_factory=list)  # forwards every forward-dependent gate judged on CUDA
 
     @property
     def line(self) -> str:
         if self.decision == LIFT:
-            return "verdict: LIFT the veto (every gate green on CUDA, speed-ab's graph arm ahead beyond the floor)"
+            return (f"verdict: LIFT the veto (every gate green on CUDA, {' and '.join(self.forwards)} forward, "
+                    f"speed-ab's graph arm ahead beyond the floor)")
         return f"verdict: KEEP the veto ({len(self.reasons)} reason{'s' * (len(self.reasons) != 1)}: " \
                f"{'; '.join(self.reasons[:3])}{'; ...' if len(self.reasons) > 3 else ''})"
 
@@ -77,8 +88,14 @@ def check_one_tree(reports: list[GateReport], names: list[str]) -> None:
             + " (run the gates again on one tree, or pass --allow-mixed-trees)")
 
 
+def forwards_of(g: GateResult, report: GateReport) -> tuple[str, ...]:
+    """The forwards a gate's engines ran, as its result names them (a report from before results
+    named them: its environment's, else the reference forward, all there was)."""
+    return tuple(g.forwards or report.environment.get("forwards") or UNRECORDED_FORWARDS)
+
+
 def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None, allow_mixed: bool = False,
-           report_names: list[str] | None = None) -> Verdict:
+           report_names: list[str] | None = None, forward_gates: tuple[str, ...] = FORWARD_GATES) -> Verdict:
     names = gate_names or tuple(g.name for g in GATES)
     if not reports:
         return Verdict(KEEP, ["no gate report was given"])
@@ -89,6 +106,7 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
         reasons.append("no report ran on CUDA: the GPU gates (busy, no-sync's sync debug mode, speed-ab's "
                        "graph replay) did not run")
     green_on_cuda: set[str] = set()
+    forwards_on_cuda: dict[str, set[str]] = {name: set() for name in names}  # judged green, no test skipped
     how: dict[str, list[str]] = {name: [] for name in names}
     judged: dict[str, list[GateResult]] = {SPEED_GATE: [], BUSY_GATE: []}
     for report in reports:
@@ -101,15 +119,25 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
             elif g.status == "green" and device == "cuda":
                 if not any(t.outcome == "skipped" for t in g.tests):
                     green_on_cuda.add(g.name)
+                    forwards_on_cuda.setdefault(g.name, set()).update(forwards_of(g, report))
                 if g.name in judged:
                     judged[g.name].append(g)
     for name in names:
         if name not in green_on_cuda:
             reasons.append(f"{name} is not green on CUDA: {'; '.join(how[name]) or 'not run in any report'}")
+    deciding = [name for name in names if name in forward_gates]
+    for name in (n for n in deciding if n in green_on_cuda):
+        missing = [f for f in FORWARDS if f not in forwards_on_cuda[name]]
+        if missing:
+            reasons.append(f"{name} did not judge the {' and '.join(missing)} forward on CUDA (it judged the "
+                           f"{' and '.join(sorted(forwards_on_cuda[name]))} forward): run the CUDA gates with "
+                           f"both forwards, as --device cuda does by default")
+    covered = [f for f in FORWARDS if deciding and all(f in forwards_on_cuda[n] for n in deciding)]
     speed, speed_figures = speed_reasons(judged[SPEED_GATE])
     busy, busy_figures = busy_reasons(judged[BUSY_GATE])
     reasons += speed + busy
-    return Verdict(KEEP if reasons else LIFT, reasons, runs, {SPEED_GATE: speed_figures, BUSY_GATE: busy_figures})
+    return Verdict(KEEP if reasons else LIFT, reasons, runs, {SPEED_GATE: speed_figures, BUSY_GATE: busy_figures},
+                   covered)
 
 
 def _how(g: GateResult, device: str) -> str:
@@ -134,10 +162,13 @@ def speed_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
         if not graph:
             out.append(f"{SPEED_GATE} recorded no {DECIDING_ARM}-arm figures{where_run}")
         for m in graph:
+            forward = m.get("forward", UNRECORDED_FORWARDS[0])
             for ab in m.get("ab", []):
-                where = f"{SPEED_GATE} {DECIDING_ARM} arm {m.get('drafter')} c={ab['concurrency']} {ab['metric']}"
-                figures.append({"drafter": m.get("drafter"), "concurrency": ab["concurrency"], "metric": ab["metric"],
-                                "result": ab["result"], "ratio": ab.get("ratio"), "noise_floor": ab["noise_floor"]})
+                where = (f"{SPEED_GATE} {DECIDING_ARM} arm, {forward} forward, {m.get('drafter')} "
+                         f"c={ab['concurrency']} {ab['metric']}")
+                figures.append({"drafter": m.get("drafter"), "forward": forward, "concurrency": ab["concurrency"],
+                                "metric": ab["metric"], "result": ab["result"], "ratio": ab.get("ratio"),
+                                "noise_floor": ab["noise_floor"]})
                 if ab["result"] == UNDER_THE_FLOOR:
                     out.append(f"{where} under the floor ({ab['noise_floor']:.1%}){where_run}")
                 else:
@@ -152,10 +183,12 @@ def busy_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
     out, figures = [], []
     for gate in gates:
         for m in gate.measurements:
-            figures.append({k: m.get(k) for k in ("arm", "async_level", "sync_level", "kernel_busy_async",
-                                                   "kernel_busy_sync", "threshold")})
+            forward = m.get("forward", UNRECORDED_FORWARDS[0])
+            figures.append({"forward": forward} | {k: m.get(k) for k in ("arm", "async_level", "sync_level",
+                                                                         "kernel_busy_async", "kernel_busy_sync",
+                                                                         "threshold")})
             if m.get("threshold") is not None and m.get("async_level", 0) < m["threshold"]:
-                out.append(f"{BUSY_GATE} {m.get('arm')} arm: async level {m.get('async_level')} "
+                out.append(f"{BUSY_GATE} {m.get('arm')} arm, {forward} forward: async level {m.get('async_level')} "
                            f"under its threshold {m['threshold']}")
     return out, figures
 
@@ -186,7 +219,7 @@ def evidence(v: Verdict, reports: list[GateReport], names: list[str]) -> dict:
     env = cuda[0].environment if cuda else reports[0].environment
     return {"decision": v.decision, "engine_sha256": engine,
             "devices": sorted({"cuda"} if cuda else set()),
-            "forwards": sorted({f for r in cuda for f in r.environment.get("forwards", [])}),
+            "forwards": list(v.forwards),
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "commit": env.get("commit"), "device_name": env.get("device_name"), "torch": env.get("torch"),
             "sources": env.get("sources"),

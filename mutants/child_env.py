@@ -1,7 +1,7 @@
 """The environment of the child processes that the proof and the mutation runs start.
 
 A child judges the tree it is given, so nothing of the caller's may steer it: not a lifted veto
-(VT_ASYNC_RUNNER), not another model or device for the gates (SPECGATE_*), not a PYTHONPATH entry
+(VT_ASYNC_RUNNER), not another model, device or forward for the gates (SPECGATE_*), not a PYTHONPATH entry
 that would import the working tree instead of the copy. PYTHONPATH entries outside the repository
 stay: packages installed there with `pip install --target` (mutmut's wheels on the GPU machine,
 which has no mutmut) are the caller's tools, not its code.
@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DROPPED_ENV = ("VT_ASYNC_RUNNER", "SPECGATE_MODEL", "SPECGATE_DRAFTER", "SPECGATE_DEVICE", "PYTHONPATH")
+DROPPED_ENV = ("VT_ASYNC_RUNNER", "SPECGATE_MODEL", "SPECGATE_DRAFTER", "SPECGATE_DEVICE", "SPECGATE_FORWARDS",
+               "PYTHONPATH")
 
 
 def child_env(**overrides: str) -> dict[str, str]:

@@ -14,9 +14,15 @@
 # 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
 # `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py) and ms
-# per plain decode step at 4k and 16k tokens of context, sdpa against flex.
+# per plain decode step at 4k and 16k tokens of context, sdpa against flex. On CUDA
+# every gate stage judges both forwards (the reference and the compiled one, the CUDA default).
 # BENCH_DEVICE and BENCH1B_SHAPE (default cuda and llama-1b) let a CPU run with the tiny shape
 # check the stages' plumbing.
+#
+# Stage `startup` (not in the default list): what building an engine and its first request cost,
+# compiling and graph capture included, with an empty inductor cache (cold) and the one that run
+# filled (warm), each in a fresh process (`specgate bench --measure-startup`), on the fixtures and
+# the 1B shape; STARTUP_ARGS adds options (e.g. --no-compile for the reference forward).
 #
 # The GPU machine has torch, transformers, safetensors, scipy, pytest and hypothesis but no
 # internet: a package it lacks travels as wheels in .whl/ (docs/gpu.md). It brings back
@@ -35,6 +41,7 @@ BENCH1B_LEG_ARGS=${BENCH1B_LEG_ARGS:---num-prompts 8 --max-tokens 128 --legs 3}
 # The decode timer's: 64-token prompts, 128 tokens, 3 timed legs after a warm-up, the reference and
 # the fused forward (bench-model decode).
 BENCH1B_DECODE_ARGS=${BENCH1B_DECODE_ARGS:---prompt-len 64 --max-tokens 128 --legs 3 --compile off,on}
+STARTUP_ARGS=${STARTUP_ARGS:-}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 stages=${*:-env gates verdict prove bench}
@@ -147,7 +154,18 @@ PY
         timed gates1b "$PY" -m specgate_cli gates run busy speed-ab no-sync --model "$BENCH1B_DIR" \
             --device "$BENCH_DEVICE" --json "$OUT/gates1b.json" --junit "$OUT/gates1b.xml"
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b depth1b)" >&2; exit 2 ;;
+    startup)
+        # shellcheck disable=SC2086  # STARTUP_ARGS is a list of words
+        timed startup "$PY" -m specgate_cli bench --measure-startup --device "$BENCH_DEVICE" --spec ngram --graph \
+            $STARTUP_ARGS --json "$OUT/startup.json"
+        timed startup1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
+            || continue
+        # shellcheck disable=SC2086
+        timed startup1b "$PY" -m specgate_cli bench --measure-startup --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
+            --spec ngram --graph $STARTUP_ARGS --json "$OUT/startup1b.json"
+        ;;
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b depth1b startup)" >&2
+       exit 2 ;;
     esac
 done
 

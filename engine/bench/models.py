@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.compile_cache import specgate_cache
 from engine.errors import SpecgateError
 from engine.loader import INDEX_FILE
 from engine.tokenizer import BOS_ID, BYTE_TOKENIZER_CLASS, EOS_ID, TOKENIZER_CONFIG_FILE, VOCAB_SIZE
@@ -157,7 +158,7 @@ def shard_name(index: int, total: int) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("SPECGATE_CACHE") or Path.home() / ".cache" / "specgate") / "bench-models"
+    return specgate_cache() / "bench-models"
 
 
 def default_dir(shape_name: str, seed: int) -> Path:

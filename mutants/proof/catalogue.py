@@ -5,7 +5,10 @@ the real-world failure it models, and the gates that must go red on it.
 sampled alike (lossless verify hides it): `specgate prove` runs the lossless gate on every
 defect and fails when such a defect turns it red, so the claim is checked, not assumed.
 `needs="cuda"` marks a defect only a GPU can show (a host sync, a graph capture): on a machine
-without CUDA it is listed and reported skipped.
+without CUDA it is listed and reported skipped. `forward="compiled"` marks a defect that lives in
+the compiled forward only (engine/fused.py, the compiled pieces of the step): its gates run with
+both forwards judged (on the CPU: the gates' compiled case, which inductor compiles for a minute),
+and so does the clean tree of a proof that holds one.
 
 proven_against() joins DEFECTS with the gate registry's names: which defects each gate is proven
 against (`specgate gates list`, the gates' reports). Add a defect: see mutants/README.md.
@@ -17,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gates.registry import NEEDS, check_name
+from gates.registry import FORWARDS, NEEDS, check_name
 
 PATCHES = Path(__file__).resolve().parent / "patches"
 
@@ -29,13 +32,22 @@ class Defect:
     gates: tuple[str, ...]     # gates that must go red on it
     token_invisible: bool = False
     needs: str = "cpu"         # "cuda": only observable on a GPU
+    forward: str = "reference"  # "compiled": lives in the compiled forward only; its gates judge both
 
     def __post_init__(self):
         check_name("defect", self.name)
         if self.needs not in NEEDS:
             raise ValueError(f"defect {self.name}: needs must be 'cpu' or 'cuda', got {self.needs!r}")
+        if self.forward not in FORWARDS:
+            raise ValueError(f"defect {self.name}: forward must be one of {FORWARDS}, got {self.forward!r}")
         if not self.gates:
             raise ValueError(f"defect {self.name} names no gate")
+
+    @property
+    def judged_forwards(self) -> tuple[str, ...]:
+        """The forwards its gates judge: both for a defect of the compiled forward (on the CPU, the gates'
+        compiled case then runs), else the gates' default (none given)."""
+        return FORWARDS if self.forward == "compiled" else ()
 
     @property
     def patch(self) -> Path:
@@ -182,6 +194,15 @@ DEFECTS = (
            "A lossy acceptance rule: at the first rejection the token is resampled from p instead of "
            "norm(max(0, p - q)), over-weighting the rejected draft (greedy output unchanged).",
            ("lossless",)),
+    # ---- the compiled forward only ---------------------------------------------------------------
+    Defect("fused-aux-hidden-states-off-by-one-layer",
+           "The fused forward hands the block drafter the hidden state entering each aux layer (vLLM's "
+           "aux_hidden_state_layers convention) where the reference hands it the layer's output (Hugging "
+           "Face's, the one the drafter was trained on): every aux layer one off, in the compiled forward "
+           "only. Tokens stay right (verify is lossless) and acceptance drops; the compiled arm's own "
+           "async-vs-sync comparison shares the fault, so only its emit counts against the reference "
+           "forward's show it. Not claimed token-invisible: seeded sampled tokens follow the drafts.",
+           ("emit-count",), forward="compiled"),
     # ---- only a GPU shows these ------------------------------------------------------------------
     Defect("host-sync-in-device-step",
            "A host synchronisation slipped into the async step: the logits count is read back from the "

@@ -72,7 +72,7 @@ def stale_check(defects: list[Defect], base: Path) -> dict[str, str]:
 
 
 def schedule(tasks: list[tuple], seconds: dict[str, float]) -> list[tuple]:
-    """Trees (label, defect, gate names, device) in the order they start: the longest first, by
+    """Trees (label, defect, gate names, device, forwards) in the order they start: the longest first, by
     the sum of their gates' last measured seconds (gates/timings.py: build/gate-seconds.json, else
     a static estimate), so the long trees do not start last and leave one job running alone at the
     end. Ties keep the catalogue's order."""
@@ -123,22 +123,27 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
         base = copy_tree(repo, work / "snapshot")
         stale = stale_check(defects, base)
         seconds = timings.load()
-        tasks = [(label, None, part, device) for label, part in clean_parts(all_gates, jobs, seconds)]
+        planted = []
         for d in defects:
             if d.name in stale:
                 runs[d.name] = TreeRun(d.name, STALE, detail=stale[d.name])
             elif d.needs == "cuda" and not cuda:
                 runs[d.name] = TreeRun(d.name, NEEDS_CUDA, detail="needs CUDA; this machine has none")
             else:
-                tasks.append((d.name, d, gates_for(d, all_gates, options.full),
-                              "cuda" if d.needs == "cuda" else device))
+                planted.append((d.name, d, gates_for(d, all_gates, options.full),
+                                "cuda" if d.needs == "cuda" else device, d.judged_forwards))
+        # The clean tree judges every forward a defect's tree judges: what goes red there must be green here.
+        clean_forwards = max((t[4] for t in planted), key=len, default=())
+        tasks = [(label, None, part, device, clean_forwards) for label, part in clean_parts(all_gates, jobs, seconds)]
+        tasks += planted
         tasks = schedule(tasks, seconds)  # the longest first
         # Timed gates (speed, busy) would measure the other trees' load: they run in a second
         # phase, one at a time and each in a process of its own (on the H200 busy's graph-arm level
         # read 0.52 to 0.61 in a fresh process and 0.38 to 0.43 after speed-ab in the same one);
         # their results join the tree's first-phase run.
-        parallel = [(label, d, [g for g in names if g not in timed], dev) for label, d, names, dev in tasks]
-        alone = [(label, d, [g], dev) for label, d, names, dev in tasks for g in names if g in timed]
+        parallel = [(label, d, [g for g in names if g not in timed], dev, fw)
+                    for label, d, names, dev, fw in tasks]
+        alone = [(label, d, [g], dev, fw) for label, d, names, dev, fw in tasks for g in names if g in timed]
         phases = [([t for t in parallel if t[2]], jobs), ([t for t in alone if t[2]], 1)]
         total = sum(len(p) for p, _ in phases)
         bar = _progress(total, options.progress)
@@ -167,7 +172,7 @@ def prove(defects: list[Defect], options: ProveOptions = ProveOptions(), *, repo
 
 
 def _run_phase(prover: Prover, base: Path, work: Path, tasks: list, workers: int):
-    """Run `tasks` (label, defect, gate names, device) on `workers` threads; yield each TreeRun."""
+    """Run `tasks` (label, defect, gate names, device, forwards) on `workers` threads; yield each TreeRun."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         futures = [pool.submit(prover.run_tree, base, work, *task) for task in tasks]

@@ -26,11 +26,14 @@ from mutants.proof.matrix import FAILED_TO_RUN, RAN, STALE, TIMEOUT, TreeRun
 PACKAGES = ("engine", "gates", "mutants", "fixtures")
 
 
-def gate_command(names: list[str], json_path: Path, device: str, stop_at_red: bool = False) -> list[str]:
+def gate_command(names: list[str], json_path: Path, device: str, stop_at_red: bool = False,
+                 forwards: tuple[str, ...] = ()) -> list[str]:
     # One pytest process a tree: prove already runs its trees in parallel (--jobs). A defect's
     # tree stops each gate at its first failed check: red is all the proof reads from it.
+    # `forwards`: the forwards the gates judge when not their default (a compiled-forward defect).
     cmd = [sys.executable, "-m", "gates.cli", "gates", "run", *names, "--json", str(json_path), "--jobs", "1"]
-    return cmd + (["--device", device] if device != "cpu" else []) + (["--stop-at-red"] if stop_at_red else [])
+    return (cmd + (["--device", device] if device != "cpu" else []) + (["--stop-at-red"] if stop_at_red else [])
+            + (["--forwards", ",".join(forwards)] if forwards else []))
 
 
 class Prover:
@@ -43,7 +46,7 @@ class Prover:
         self._stopping = threading.Event()
 
     def run_tree(self, base: Path, work: Path, label: str, defect: Defect | None, names: list[str],
-                 device: str) -> TreeRun:
+                 device: str, forwards: tuple[str, ...] = ()) -> TreeRun:
         if self._stopping.is_set():
             return TreeRun(label, FAILED_TO_RUN, detail="interrupted")
         t0 = time.perf_counter()
@@ -56,7 +59,8 @@ class Prover:
             elsewhere = imports_elsewhere(tree)
             if elsewhere:
                 return TreeRun(label, FAILED_TO_RUN, detail=f"imports resolve outside the copy: {elsewhere}")
-            status = self._gates(tree, self.command(names, json_path, device, defect is not None), log_path, work)
+            status = self._gates(tree, self.command(names, json_path, device, defect is not None, forwards),
+                                 log_path, work)
             gates = read_gate_results(json_path) if status == RAN else {}
             detail = ""
             if status != RAN or not gates:

@@ -7,6 +7,7 @@ the copy bandwidth and the decode report's GPU,
 and the transformers peer."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -103,3 +104,17 @@ def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
     got = transformers_peer(bench_tiny_dir, bench_prompts(1, 8, seed=0), [1], "cuda", short=2, long=6, repeats=1)
     assert got["ran"] is True and got["dtype"] == "torch.bfloat16" and got["device"] == "cuda:0"
     assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6
+
+
+@pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
+                    reason="the children import the tree, not mutmut's copy; dynamo cannot trace its trampolines")
+def test_the_start_up_on_cuda_compiles_by_default_and_finds_its_kernels_warm(target_dir):
+    """compile unset on CUDA: the compiled forward, graphs captured at start-up; the cold child builds
+    kernels into the new cache folder, the warm child finds them there and builds none."""
+    from engine.bench.startup import measure_startup
+    got = measure_startup(target_dir, {"device": "cuda", "spec": "ngram", "num_spec_tokens": 3, "graph": True,
+                                       "max_num_seqs": 4})
+    cold, warm = got["cold"], got["warm"]
+    assert cold["graphs"] == warm["graphs"] > 0 and cold["cache_dir"] == warm["cache_dir"]
+    assert cold["cache_misses"] > 0 and warm["cache_misses"] == 0 and warm["cache_hits"] > 0
+    assert 0 < warm["compile_s"] < cold["compile_s"]

@@ -88,12 +88,13 @@ def test_other_devices_are_refused(device):
         engine(device=device)
 
 
-@pytest.mark.parametrize("value", [1, 0, "yes", None])
-def test_compile_must_be_a_bool(value):
-    """A truthy non-bool would silently pick a forward; it is refused instead."""
-    with pytest.raises(SpecgateError, match=rf"^compile must be True or False, got {value!r}$"):
+@pytest.mark.parametrize("value", [1, 0, "yes", "auto"])
+def test_compile_must_be_a_bool_or_none(value):
+    """A truthy non-bool would silently pick a forward; it is refused instead (how None is resolved:
+    test_compile_default.py)."""
+    with pytest.raises(SpecgateError, match=rf"^compile must be True, False or None \(None: compiled on CUDA, "
+                                            rf"the reference forward on the CPU\), got {value!r}$"):
         engine(compile=value)
-    assert engine(compile=True).compile is True
 
 
 # ---- ModelConfig ---------------------------------------------------------------------------
@@ -291,3 +292,4 @@ def test_config_json_is_the_default_name_and_a_torch_prefixed_dtype_is_read_as_t
         ModelConfig.from_dict({**SMALLEST_LLAMA, "eos_token_id": []})
     assert str(refused.value) == "config.json: eos_token_id is an empty list"
     assert ModelConfig.from_dict({**SMALLEST_LLAMA, "torch_dtype": "torch.bfloat16"}).dtype == "bfloat16"
+

@@ -1,5 +1,6 @@
 """The veto's verdict (gates/verdict.py) on synthetic gate reports: LIFT only when every gate is
-green on CUDA and speed-ab's graph arm is ahead beyond the floor; KEEP, with the reason, otherwise."""
+green on CUDA, the forward-dependent ones with both forwards, and speed-ab's graph arm is ahead
+beyond the floor; KEEP, with the reason, otherwise."""
 import json
 
 import pytest
@@ -22,13 +23,15 @@ def ab(metric: str, c: int, ratio: float | None, floor: float = 0.05) -> dict:
 
 
 def speed_figures(graph_tpot=0.8, graph_tps=1.25) -> list[dict]:
+    """Per forward (reference first), per drafter (ngram first): the eager arm, then the graph arm."""
     out = []
-    for drafter in ("ngram", "block"):
-        out.append({"drafter": drafter, "device": "cuda", "graph_arm": "eager",
-                    "ab": [ab(m, c, None) for c in (1, 8) for m in ("tpot_ms", "output_tokens_per_s")]})
-        out.append({"drafter": drafter, "device": "cuda", "graph_arm": "graph",
-                    "ab": [ab("tpot_ms", c, graph_tpot) for c in (1, 8)]
-                    + [ab("output_tokens_per_s", c, graph_tps) for c in (1, 8)]})
+    for forward in ("reference", "compiled"):
+        for drafter in ("ngram", "block"):
+            out.append({"drafter": drafter, "device": "cuda", "forward": forward, "graph_arm": "eager",
+                        "ab": [ab(m, c, None) for c in (1, 8) for m in ("tpot_ms", "output_tokens_per_s")]})
+            out.append({"drafter": drafter, "device": "cuda", "forward": forward, "graph_arm": "graph",
+                        "ab": [ab("tpot_ms", c, graph_tpot) for c in (1, 8)]
+                        + [ab("output_tokens_per_s", c, graph_tps) for c in (1, 8)]})
     return out
 
 
@@ -43,9 +46,11 @@ def gate(name: str, status: str = "green", skipped_tests: int = 0, measurements=
 TREE = {"engine": "e" * 64, "gates": "g" * 64, "fixtures": "f" * 64}
 
 
-def report(device: str = "cuda", cuda: bool = True, sources=TREE, **overrides) -> dict:
+def report(device: str = "cuda", cuda: bool = True, sources=TREE, forwards=("reference", "compiled"),
+           **overrides) -> dict:
+    """A report whose gates name no forwards of their own: the environment's count for them."""
     gates = [overrides.get(n.replace("-", "_")) or gate(n) for n in NAMES]
-    return {"environment": {"cuda": cuda, "device": device, "sources": sources, "forwards": ["reference"]},
+    return {"environment": {"cuda": cuda, "device": device, "sources": sources, "forwards": list(forwards)},
             "gates": gates}
 
 
@@ -109,7 +114,7 @@ def test_speed_under_the_floor_in_the_graph_arm_is_keep():
     figures[1]["ab"][1] = ab("tpot_ms", 8, None, floor=0.059)
     v = decide([report(speed_ab=gate("speed-ab", measurements=figures))])
     assert v.decision == verdict.KEEP
-    assert v.reasons == ["speed-ab graph arm ngram c=8 tpot_ms under the floor (5.9%)"]
+    assert v.reasons == ["speed-ab graph arm, reference forward, ngram c=8 tpot_ms under the floor (5.9%)"]
 
 
 def test_speed_under_the_floor_in_the_eager_arm_only_is_still_lift():
@@ -161,15 +166,16 @@ def test_every_round_and_model_counts_not_the_last_report_read():
                                   for g in rounds[where]["gates"]]
         v = decide(rounds)
         assert v.decision == verdict.KEEP, where
-        assert v.reasons == [f"speed-ab graph arm ngram c=1 tpot_ms under the floor (7.3%) (report {where + 1} of 3)"]
+        assert v.reasons == [f"speed-ab graph arm, reference forward, ngram c=1 tpot_ms under the floor (7.3%) "
+                             f"(report {where + 1} of 3)"]
 
 
 def test_busy_under_its_threshold_in_any_report_is_keep():
-    level = {"arm": "graph", "async_level": 0.876, "sync_level": 0.682, "threshold": 0.95}
+    level = {"arm": "graph", "forward": "compiled", "async_level": 0.876, "sync_level": 0.682, "threshold": 0.95}
     v = decide([report(), report(busy=gate("busy", measurements=[level]))])
     assert v.decision == verdict.KEEP
-    assert v.reasons == ["busy graph arm: async level 0.876 under its threshold 0.95"]
-    assert v.figures["busy"][0]["async_level"] == 0.876
+    assert v.reasons == ["busy graph arm, compiled forward: async level 0.876 under its threshold 0.95"]
+    assert v.figures["busy"][0]["async_level"] == 0.876 and v.figures["busy"][0]["forward"] == "compiled"
 
 
 def test_reports_of_different_trees_are_refused_unless_asked(tmp_path, capsys):
@@ -205,10 +211,57 @@ def test_record_writes_evidence_the_engine_reads_for_this_engine_only(tmp_path, 
     assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 0
     assert f"wrote {evidence} (LIFT for engine {this['engine'][:12]})" in capsys.readouterr().out
     written = json.loads(evidence.read_text())
-    assert (written["decision"], written["devices"], written["forwards"]) == ("LIFT", ["cuda"], ["reference"])
+    assert (written["decision"], written["devices"], written["forwards"]) == ("LIFT", ["cuda"],
+                                                                              ["reference", "compiled"])
     assert written["figures"]["speed-ab"] and written["reports"][0]["gates"]["busy"] == "green"
+    assert {f["forward"] for f in written["figures"]["speed-ab"]} == {"reference", "compiled"}
     assert veto.evidence_refusal("cuda", False, evidence) is None
+    assert veto.evidence_refusal("cuda", True, evidence) is None  # compile=True, CUDA's default, is lifted too
     assert veto.use_async_runner("ngram", None, "cuda", evidence=evidence)
     path.write_text(json.dumps(report()))  # another engine's report
     assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 2
     assert "this tree's engine is" in capsys.readouterr().err
+
+
+FORWARD_GATES = ("lossless", "combine", "emit-count", "reason-a", "predicate-split", "speed-ab", "busy", "no-sync")
+
+
+def test_the_forward_dependent_gates_are_the_eight_the_forward_decides():
+    assert verdict.FORWARD_GATES == FORWARD_GATES
+
+
+def test_cuda_reports_of_the_reference_forward_alone_are_keep_naming_each_forward_gate():
+    """Reports from before the compiled arm (or --forwards reference on CUDA) lift nothing: CUDA
+    runs compile by default, and the verdict needs every forward-dependent gate on both forwards."""
+    v = decide([report(forwards=["reference"])])
+    assert v.decision == verdict.KEEP and v.forwards == ["reference"]
+    assert v.reasons == [f"{name} did not judge the compiled forward on CUDA (it judged the reference forward): "
+                         f"run the CUDA gates with both forwards, as --device cuda does by default"
+                         for name in FORWARD_GATES]
+    old = report()
+    del old["environment"]["forwards"]  # a report from before reports named forwards: the reference forward
+    assert decide([old]).reasons == v.reasons
+
+
+def test_a_gate_s_own_forwards_count_not_the_session_s():
+    lossless = gate("lossless") | {"forwards": ["compiled"]}
+    depth = gate("depth") | {"forwards": ["reference"]}  # depth's verdict does not depend on the forward
+    v = decide([report(lossless=lossless, depth=depth)])
+    assert v.decision == verdict.KEEP and v.forwards == ["compiled"]
+    assert v.reasons == ["lossless did not judge the reference forward on CUDA (it judged the compiled forward): run "
+                         "the CUDA gates with both forwards, as --device cuda does by default"]
+
+
+def test_the_forwards_of_every_report_count_together():
+    """Rounds or models that judged one forward each cover both; a forward judged only where the
+    gate was not green on CUDA does not count."""
+    assert decide([report(forwards=["reference"]), report(forwards=["compiled"])]).decision == verdict.LIFT
+    skipped = report(forwards=["compiled"], lossless=gate("lossless", skipped_tests=1))
+    v = decide([report(forwards=["reference"]), skipped])
+    assert "lossless did not judge the compiled forward on CUDA (it judged the reference forward): run the CUDA " \
+           "gates with both forwards, as --device cuda does by default" in v.reasons
+
+
+def test_a_lift_line_names_the_forwards_it_covers():
+    assert decide([report()]).line == ("verdict: LIFT the veto (every gate green on CUDA, reference and compiled "
+                                       "forward, speed-ab's graph arm ahead beyond the floor)")

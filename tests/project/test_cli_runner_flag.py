@@ -49,8 +49,29 @@ def test_generate_runs_on_the_chosen_runner(monkeypatch, capsys, flag, is_async)
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
-@pytest.mark.parametrize("flags, expected", [([], False), (["--compile"], True)])
+@pytest.mark.parametrize("flags, expected", [([], None), (["--compile"], True), (["--no-compile"], False)])
 def test_compile_flag_reaches_the_engine(monkeypatch, capsys, command, flags, expected):
-    """`--compile` selects the fused forward (EngineConfig.compile); without it the reference runs."""
+    """`--compile` selects the fused forward (EngineConfig.compile), `--no-compile` the reference; without
+    either the engine decides by the device (None: compiled on CUDA, the reference on the CPU)."""
     extra = ["--prompt", "def f("] if command == "generate" else ["--legs", "2"]
     assert engine_kwargs(monkeypatch, [command, *extra, *flags])["compile"] is expected
+
+
+@pytest.mark.parametrize("flags, device, expected", [([], "cpu", False), ([], "cuda", True), ([], "cuda:1", True),
+                                                     (["--no-compile"], "cuda", False), (["--compile"], "cpu", True)])
+def test_the_bench_report_names_the_forward_the_engine_runs(monkeypatch, capsys, flags, device, expected):
+    """The bench's JSON says `compile` as the engine resolved it, not as the flags left it (None)."""
+    from engine.bench import legs
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_report(legs_run, workload, meta):
+        seen.update(meta)
+        raise Stop
+    monkeypatch.setattr(legs, "run_bench", lambda *a, **k: [])
+    monkeypatch.setattr(legs, "report", fake_report)
+    with pytest.raises(Stop):
+        main(["bench", "--legs", "2", "--device", device, *flags])
+    assert seen["compile"] is expected

@@ -4,6 +4,7 @@ summary JSON, PNG and table are written, and the stage says why the parts that n
 oracle proposer did not run. The GPU figures themselves come from the lead's device run."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,3 +63,22 @@ def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_pa
         assert summary["spec_rows"] and "bench oracle-4.3 c=1" in table
     else:
         assert "bench1b-spec     skipped: this tree has no oracle proposer" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_startup_stage_measures_cold_and_warm_on_the_fixtures_and_the_1b_folder(tmp_path):
+    """On the CPU with the reference forward (a CPU compile takes minutes) and the tiny shape: both
+    steps run and write their reports; on the GPU the stage times the compiled forward."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
+               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out), STARTUP_ARGS="--no-compile")
+    proc = subprocess.run(["bash", str(SCRIPT), "startup"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for step in ("startup", "startup1b-write", "startup1b"):
+        assert re.search(rf"^== {step}\s+rc=0 ", proc.stdout, re.M), step
+    for name in ("startup.json", "startup1b.json"):
+        report = json.loads((out / name).read_text())
+        assert set(report) >= {"cold", "warm"} and report["engine"]["graph"] is True
+        assert report["engine"]["compile"] is False and report["cold"]["engine_s"] > 0
+    assert json.loads((out / "startup1b.json").read_text())["model"] == str(tmp_path / "model")

@@ -224,7 +224,7 @@ def fake_repo(proof_repo):
                       {"off-by-one": PATCH, "sleeps": sleeps})
 
 
-def fake_command(names, json_path, device, stop_at_red):
+def fake_command(names, json_path, device, stop_at_red, forwards=()):
     return [sys.executable, "fake_gates.py", ",".join(names), str(json_path)]
 
 

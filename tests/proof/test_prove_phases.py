@@ -1,16 +1,20 @@
 """prove's two phases: the timed gates (speed, busy) run after every other gate, one at a time and
 each in a process of its own, and their results join their tree's run; a defect's tree stops each
-gate at its first red; and the environment every child of prove and mutate gets."""
+gate at its first red; a defect of the compiled forward, and the clean tree beside it, judge both
+forwards; and the environment every child of prove and mutate gets."""
 import json
 import os
 import sys
 import textwrap
 
+import pytest
 from test_prove import fake_repo  # noqa: F401  (a fixture)
 
-from mutants.proof.catalogue import Defect
+from mutants.proof.apply import parse_patch
+from mutants.proof.catalogue import DEFECTS, Defect
 from mutants.proof.matrix import GREEN, RED
 from mutants.proof.prove import ProveOptions, prove
+from mutants.proof.prover import gate_command
 
 TIMED_GATES = textwrap.dedent("""\
     import json, pathlib, sys, time
@@ -31,7 +35,7 @@ def test_timed_gates_run_alone_after_every_other_gate_and_join_their_tree(fake_r
     (fake_repo / "timed_gates.py").write_text(TIMED_GATES)
     log = tmp_path / "runs.jsonl"
 
-    def command(names, json_path, device, stop_at_red):
+    def command(names, json_path, device, stop_at_red, forwards=()):
         return [sys.executable, "timed_gates.py", ",".join(names), str(json_path), str(log), str(stop_at_red)]
     defects = [Defect("off-by-one", "x", ("combine", "speed"), token_invisible=True)]
     p = prove(defects, ProveOptions(jobs=2, progress=False), repo=fake_repo, cuda=False, command=command,
@@ -61,8 +65,51 @@ def test_children_keep_outside_site_paths_but_never_the_working_tree(monkeypatch
     site = str(tmp_path / "site")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "engine"), ".", "", site]))
     monkeypatch.setenv("VT_ASYNC_RUNNER", "1")
+    monkeypatch.setenv("SPECGATE_FORWARDS", "compiled")
     env = child_env(OMP_NUM_THREADS="1")
     assert env["PYTHONPATH"] == site and "VT_ASYNC_RUNNER" not in env and env["OMP_NUM_THREADS"] == "1"
+    assert "SPECGATE_FORWARDS" not in env
     assert child_env(PYTHONPATH="/copy")["PYTHONPATH"] == os.pathsep.join(["/copy", site])
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     assert "PYTHONPATH" not in child_env() and child_env(PYTHONPATH="/copy")["PYTHONPATH"] == "/copy"
+
+
+@pytest.mark.parametrize("with_compiled", [False, True], ids=["reference-defects", "a-compiled-defect"])
+def test_a_compiled_forward_defect_and_the_clean_tree_judge_both_forwards(fake_repo, tmp_path, with_compiled):
+    """Its gates must run the compiled forward to see it (on the CPU: their compiled case, behind
+    --forwards); the clean tree then judges both too, so what goes red on the defect is green there.
+    Without such a defect, no tree is given --forwards (the gates' default)."""
+    (fake_repo / "timed_gates.py").write_text(TIMED_GATES)
+    log, seen = tmp_path / "runs.jsonl", []
+
+    def command(names, json_path, device, stop_at_red, forwards=()):
+        seen.append((stop_at_red, forwards))
+        return [sys.executable, "timed_gates.py", ",".join(names), str(json_path), str(log), str(stop_at_red)]
+    defects = [Defect("off-by-one", "x", ("combine",), forward="compiled" if with_compiled else "reference")]
+    p = prove(defects, ProveOptions(jobs=1, progress=False), repo=fake_repo, cuda=False, command=command,
+              gate_needs={"lossless": "cpu", "combine": "cpu"}, timed=set())
+    assert p.runs["off-by-one"].cell("combine") == RED and p.clean.cell("combine") == GREEN
+    both = ("reference", "compiled") if with_compiled else ()
+    assert sorted(seen) == [(False, both), (True, both)]  # the clean tree, then the defect's
+
+
+def test_the_gate_command_names_the_forwards_only_when_given(tmp_path):
+    base = gate_command(["emit-count"], tmp_path / "g.json", "cpu", True)
+    assert base[-1] == "--stop-at-red" and "--forwards" not in base
+    assert gate_command(["emit-count"], tmp_path / "g.json", "cpu", True, ("reference", "compiled")) == \
+        base + ["--forwards", "reference,compiled"]
+
+
+def test_a_defect_names_a_forward_the_engine_has():
+    with pytest.raises(ValueError, match="forward must be one of"):
+        Defect("fused-bug", "x", ("emit-count",), forward="fused")
+
+
+def test_a_compiled_forward_defect_patches_the_compiled_path_alone_and_names_emit_count():
+    """At least one seeded defect lives only where compile=True runs (engine/fused.py); emit-count's
+    compiled case is what judges it on the CPU."""
+    compiled = [d for d in DEFECTS if d.forward == "compiled"]
+    assert compiled
+    for d in compiled:
+        assert {h.path for h in parse_patch(d.patch.read_text())} == {"engine/fused.py"}, d.name
+        assert "emit-count" in d.gates and d.needs == "cpu"

@@ -1,0 +1,71 @@
+"""The compiled forward by default on CUDA only (EngineConfig.compile=None resolved by the device),
+and where compiled kernels are kept between runs (engine/compile_cache.py): specgate's cache folder,
+with inductor pointed into it before the engine's first torch.compile."""
+import os
+
+import pytest
+
+from engine.config import EngineConfig, resolve_compile
+from engine.errors import SpecgateError
+
+
+def engine(**kwargs):
+    return EngineConfig(model="unused", **kwargs)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", "auto"])
+def test_resolve_compile_refuses_what_is_not_a_bool_or_none(value):
+    with pytest.raises(SpecgateError, match="^compile must be True, False or None"):
+        resolve_compile(value, "cuda")
+
+
+@pytest.mark.parametrize("compile, device, expected", [
+    (None, "cpu", False), (None, "cuda", True), (None, "cuda:1", True),
+    (True, "cpu", True), (False, "cuda", False), (False, "cpu", False), (True, "cuda:0", True),
+])
+def test_compile_is_resolved_by_the_device_unless_given(compile, device, expected):
+    """None: the compiled forward on CUDA, the reference on the CPU; the config then holds a bool, and
+    its forward in the words of the veto's evidence."""
+    cfg = engine(compile=compile, device=device)
+    assert cfg.compile is expected and resolve_compile(compile, device) is expected
+    assert cfg.forward == ("compiled" if expected else "reference")
+    assert engine(device=device).compile is device.startswith("cuda")
+
+
+def test_specgate_cache_is_the_environment_s_else_the_home_cache(monkeypatch, tmp_path):
+    from engine.compile_cache import specgate_cache
+    monkeypatch.setenv("SPECGATE_CACHE", str(tmp_path / "c"))
+    assert specgate_cache() == tmp_path / "c"
+    monkeypatch.delenv("SPECGATE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert specgate_cache() == tmp_path / "home" / ".cache" / "specgate"
+
+
+def test_inductor_keeps_its_kernels_in_specgate_s_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    """Unset, TORCHINDUCTOR_CACHE_DIR is set to SPECGATE_CACHE/inductor for the process (torch's own
+    default under /tmp does not outlive a reboot or prove's TMPDIR); a folder given is kept."""
+    from engine.compile_cache import INDUCTOR_CACHE_ENV, inductor_cache_dir
+    monkeypatch.setenv("SPECGATE_CACHE", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    assert inductor_cache_dir() == tmp_path / "inductor"
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
+    assert inductor_cache_dir() == tmp_path / "mine"
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "mine")
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "")  # empty is unset
+    assert inductor_cache_dir() == tmp_path / "inductor"
+
+
+def test_every_engine_compile_sets_the_kernel_cache_first(monkeypatch, tmp_path):
+    """compile_fullgraph, the engine's one call of torch.compile (the fused forward and flex alike),
+    points inductor at specgate's cache before it compiles."""
+    import torch
+
+    from engine.attention import compile_fullgraph
+    from engine.compile_cache import INDUCTOR_CACHE_ENV
+    monkeypatch.setenv("SPECGATE_CACHE", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(os.environ.get(INDUCTOR_CACHE_ENV)) or fn)
+    compile_fullgraph(abs, dynamic=True)
+    assert seen == [str(tmp_path / "inductor")]

@@ -175,7 +175,7 @@ def tiny_tree(proof_repo):
                       {"emit-count-differs": PATCH})
 
 
-def fake_command(names, json_path, device, stop_at_red):
+def fake_command(names, json_path, device, stop_at_red, forwards=()):
     return [sys.executable, "fake_gate.py", ",".join(names), str(json_path)]
 
 

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from gates.idle import host_phase_ranges, host_ranges, idle_by_phase, idle_gaps
 from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
 from gates.plugin import DEFAULT_MODELS, option
 from gates.workloads import PROMPTS
@@ -86,6 +87,8 @@ class DecodeBusy:
     submissions: int     # host submissions with device work in the window
     activities: int      # device kernels, copies and sets in the window
     replays: int         # CUDA graph replays in the window
+    steps: int           # engine steps launched in the window
+    idle_ns: dict        # device idle time in the window, charged to the host phase open then (gates/idle.py)
 
     def grouped(self, graph: bool) -> bool:
         """Whether the kernels were grouped by their launch as the level assumes: in the graph arm
@@ -105,7 +108,7 @@ def measure_decode(llm, params) -> DecodeBusy:
         llm.step()
     torch.cuda.synchronize()
     replays_before = llm.runner.num_graph_replays
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, host_phase_ranges(llm):
         with record_function(DECODE_RANGE):
             while llm.has_unfinished():
                 llm.step()
@@ -122,8 +125,19 @@ def measure_decode(llm, params) -> DecodeBusy:
     assert inside, "the profiler saw no device activity during decode"
     span = (min(a[0] for a in inside), max(a[1] for a in inside))
     submitted = submission_intervals(inside)
+    host = host_ranges(e for e in events if e.device_type() == DeviceType.CPU)
+    steps = sum(1 for name, start, _ in host if name == "launch" and span[0] <= start <= span[1])
     return DecodeBusy(busy_fraction(submitted, span), busy_fraction([a[:2] for a in inside], span),
-                      len(submitted), len(inside), llm.runner.num_graph_replays - replays_before)
+                      len(submitted), len(inside), llm.runner.num_graph_replays - replays_before,
+                      steps, idle_by_phase(idle_gaps(submitted, span), host))
+
+
+def idle_ms_per_step(legs: list[DecodeBusy]) -> dict[str, float]:
+    """The device's idle ms per step over the legs, by the host phase open during it: where the
+    host was while the device waited (gates/idle.py)."""
+    steps = sum(leg.steps for leg in legs)
+    phases = legs[0].idle_ns if legs else {}
+    return {phase: round(sum(leg.idle_ns[phase] for leg in legs) / max(steps, 1) / 1e6, 4) for phase in phases}
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -137,6 +151,7 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
     for llm in engines.values():  # warm-up: allocations, kernels, graph capture
         llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(NUM_REQS)], params)
     busy, kernel_busy, grouped = {"sync": [], "async": []}, {"sync": [], "async": []}, []
+    idle = {"sync": [], "async": []}
     for i in range(WARMUP_LEGS + LEGS):
         for runner in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
             measured = measure_decode(engines[runner], params)
@@ -144,6 +159,7 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
             if warm:
                 busy[runner].append(measured.busy)
                 kernel_busy[runner].append(measured.kernel_busy)
+                idle[runner].append(measured)
             gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=measured.busy,
                              kernel_busy=measured.kernel_busy, submissions=measured.submissions,
                              replays=measured.replays)
@@ -160,6 +176,7 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
              "kernel_busy_async": round(median(kernel_busy["async"]), 4),
              "kernel_busy_sync": round(median(kernel_busy["sync"]), 4),
              "threshold": threshold if graph else None, "threshold_source": why if graph else None}
+    level["idle_ms_per_step"] = {runner: idle_ms_per_step(idle[runner]) for runner in idle}
     gate_record.measure(**level, **figures)
     gate_record.occurred("level checked", not graph or level["threshold"] is not None)
     if graph:

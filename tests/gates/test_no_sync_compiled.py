@@ -1,6 +1,6 @@
 """no-sync with the compiled forward (gates/no_sync.py), on the CPU with inductor: the host-read hook
-would be traced by dynamo (a fullgraph compile refuses it), so the compiled pieces run with torch's
-function modes off, and the workload runs once before the check so nothing compiles inside it; a
+would be traced by dynamo (a fullgraph compile refuses it), so the compiled pieces run with the hook
+popped off torch's function-mode stack, and the workload runs once before the check so nothing compiles inside it; a
 host read outside the compiled pieces is still caught (the negative control). On CUDA the gate's
 compiled arm runs this path; on the CPU only this test does (a CPU compile takes a minute)."""
 import os

@@ -37,6 +37,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine import SamplingParams
 from gates.compare import runs_difference
 from gates.invariants import (
     acceptance_difference,
@@ -66,6 +67,8 @@ from gates.workloads import (
     LIMITS,
     MIXED_REFUSALS,
     MIXED_REFUSALS_ENGINE,
+    PROMPTS,
+    Workload,
     context_limit_engine,
     gate_settings,
     limits_engine,
@@ -188,6 +191,34 @@ def test_emit_counts_when_spec_decoding_reaches_max_model_len(make_llm, gate_rec
     check_pair(gate_record, reference, sync, async_)
     assert any(o.finish_reason == "context" and len(o.prompt_token_ids) + len(o.token_ids) == sync.max_model_len
                for o in sync.outputs), "no request reached max_model_len"
+
+
+def stops_on_own_tokens(outputs, at: int = 4) -> tuple[tuple[int, ...], ...]:
+    """Per request, a stop token its own greedy output first emits at position `at` or later (the
+    earliest such), so each request stops mid-stream on any model; none where the output repeats
+    one token throughout."""
+    stops = []
+    for out in outputs:
+        ids = out.token_ids
+        first = next((t for j, t in enumerate(ids) if j >= at and t not in ids[:j]), None)
+        stops.append(() if first is None else (first,))
+    return tuple(stops)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_emit_counts_when_requests_stop_on_tokens_they_emit(make_llm, gate_record, reference, drafter):
+    """Stop rules on whatever target (the fixture or any folder): each request's stop token is one
+    its own greedy output emits mid-stream (read from a plain run first), so it finishes on
+    stop_token_ids with drafts in flight past the stop, arrivals staggered."""
+    prompts, budget = PROMPTS[:4], 24
+    plain = make_llm(max_num_seqs=4).generate(list(prompts), SamplingParams(temperature=0, max_tokens=budget,
+                                                                            ignore_eos=True))
+    workload = Workload(prompts, (budget,) * 4, arrival_steps=(0, 0, 1, 3),
+                        stop_token_ids=stops_on_own_tokens(plain), ignore_eos=(True,) * 4)
+    gate_record.case(drafter=drafter, workload="stops on own tokens", k=3)
+    sync, async_ = run_pair(make_llm, workload, spec=drafter, num_spec_tokens=3, max_num_seqs=4)
+    check_pair(gate_record, reference, sync, async_)
+    assert any(o.finish_reason == "stop" for o in sync.outputs), "no request finished on its stop token"
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -77,13 +77,22 @@ def params(workload: Workload) -> list:
 def workloads(draw, min_reqs: int = 1, max_reqs: int = 8, long_prompts: bool = False,
               min_tokens: int = 1, host_history: bool | None = False,
               max_arrival: int | None = 6, stop_rules: bool = False) -> Workload:
+    """A batch of requests for a gate. host_history: False, every request device-fed; True, every
+    one needs its host history (a logits processor); None, mixed, with at least one device-fed
+    request (a gate that asserts rows were combined on the device must get one: an all-host draw
+    turned combine red on the H200) and, with two or more requests, at least one host-history one."""
     n = draw(st.integers(min_reqs, max_reqs))
     pool = LONG_PROMPTS if long_prompts else PROMPTS
     prompts = tuple(draw(st.sampled_from(pool)) for _ in range(n))
     max_tokens = tuple(draw(st.integers(min_tokens, MAX_TOKENS)) for _ in range(n))
     arrivals = tuple(draw(st.integers(0, max_arrival)) for _ in range(n)) if max_arrival else (0,) * n
-    if host_history is None:
-        processors = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    if host_history is None:  # mixed: at least one device-fed request, and a host-history one when n > 1
+        processors = list(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        fed, held = draw(st.permutations(range(n)))[:2] if n > 1 else (0, None)
+        processors[fed] = False
+        if held is not None:
+            processors[held] = True
+        processors = tuple(processors)
     else:
         processors = (host_history,) * n
     if not stop_rules:

@@ -65,6 +65,17 @@ def idle_gaps(busy: list[tuple[int, int]], span: tuple[int, int]) -> list[tuple[
     return [(s, e) for s, e in gaps if e > s]
 
 
+def time_in_phase(ranges: list[tuple[str, int, int]], span: tuple[int, int]) -> dict[str, int]:
+    """The host's time in each phase inside `span` (a nested phase counts in its parent too: launch
+    includes upload). Beside the idle time charged to each phase it tells a host that is slow from
+    a device that ran dry: under the profiler a phase may take longer than the bench measures it
+    unprofiled (every CUDA call and graph launch goes through the profiler's callbacks)."""
+    spent = dict.fromkeys(PHASES, 0)
+    for phase, start, end in ranges:
+        spent[phase] += max(0, min(end, span[1]) - max(start, span[0]))
+    return spent
+
+
 def idle_by_phase(gaps: list[tuple[int, int]], ranges: list[tuple[str, int, int]]) -> dict[str, int]:
     """Idle time (the units of the inputs) charged to the innermost host range open during it, or
     OUTSIDE. `ranges` are (phase, start, end); a range nested in another starts later, so the

@@ -140,7 +140,7 @@ def test_the_spread_is_the_range_over_the_mean_and_zero_for_all_zero_legs():
 def test_busy_trusts_the_grouping_only_when_replays_became_submissions(graph, submissions, activities, replays,
                                                                        grouped):
     from gates.busy import DecodeBusy
-    measured = DecodeBusy(0.9, 0.8, submissions, activities, replays, steps=31, idle_ns={})
+    measured = DecodeBusy(0.9, 0.8, submissions, activities, replays, steps=31, idle_ns={}, host_ns={})
     assert measured.grouped(graph) is grouped
 
 

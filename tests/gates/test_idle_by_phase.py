@@ -4,7 +4,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from engine import SamplingParams
-from gates.idle import OUTSIDE, PHASES, host_phase_ranges, host_ranges, idle_by_phase, idle_gaps
+from gates.idle import OUTSIDE, PHASES, host_phase_ranges, host_ranges, idle_by_phase, idle_gaps, time_in_phase
 
 
 def test_gaps_are_the_window_minus_the_busy_intervals():
@@ -22,6 +22,11 @@ def test_idle_time_goes_to_the_innermost_open_phase_and_the_rest_outside():
     assert charged["read"] == 30            # 70-100, clipped to the gap
     assert charged[OUTSIDE] == 10 + 10      # 0-10 and 60-70
     assert sum(charged.values()) == 100     # every idle nanosecond charged once
+
+
+def test_time_in_each_phase_is_clipped_to_the_window_and_nested_phases_count_in_their_parent():
+    spent = time_in_phase([("launch", 10, 60), ("upload", 20, 40), ("read", 70, 200)], (0, 100))
+    assert (spent["launch"], spent["upload"], spent["read"], spent["plan"]) == (50, 20, 30, 0)
 
 
 def test_a_real_engine_marks_every_phase_and_is_left_as_it_was(make_llm):

@@ -34,6 +34,7 @@ ROUNDS=${ROUNDS:-3}
 REPEAT_GATES=${REPEAT_GATES:-lossless busy no-sync speed-ab}
 PY=${PYTHON:-python3}
 BENCH_DEVICE=${BENCH_DEVICE:-cuda}
+GATE_DEVICE=${GATE_DEVICE:-cuda}  # cpu: a CPU run checks the gates stage's plumbing
 BENCH1B_SHAPE=${BENCH1B_SHAPE:-llama-1b}
 BENCH1B_DIR=${BENCH1B_DIR:-/tmp/specgate-bench/$BENCH1B_SHAPE-seed0}
 # The spec legs' workload (specgate bench): 8 held-out prompts x 128 tokens, 3 legs (1 warm-up).
@@ -78,11 +79,21 @@ PY
         } 2>&1 | tee "$OUT/env.txt"
         ;;
     gates)
+        # With both forwards a round outgrows one 10-minute call: run it in parts, one call each,
+        # e.g. PART=a GATES="lossless combine emit-count" GATES_TIMEOUT=560 (reports
+        # gates-cuda-a-1.json ...; the later rounds repeat the REPEAT_GATES among GATES), then
+        # `specgate gates verdict` over every part's reports.
+        repeat=$REPEAT_GATES
+        if [ -n "${GATES:-}" ]; then
+            repeat=$(for g in $REPEAT_GATES; do [[ " $GATES " == *" $g "* ]] && printf '%s ' "$g"; done)
+        fi
         for i in $(seq "$ROUNDS"); do
-            names=$([ "$i" = 1 ] || echo "$REPEAT_GATES")
+            names=$([ "$i" = 1 ] && echo "${GATES:-}" || echo "$repeat")
+            [ "$i" = 1 ] || [ -n "$names" ] || continue
+            report="$OUT/gates-cuda-${PART:+$PART-}$i"
             # shellcheck disable=SC2086  # the gate names are words
-            timed "gates-cuda-$i" "$PY" -m specgate_cli gates run $names --device cuda \
-                --json "$OUT/gates-cuda-$i.json" --junit "$OUT/gates-cuda-$i.xml"
+            timed "gates-cuda-${PART:+$PART-}$i" timeout "${GATES_TIMEOUT:-0}" "$PY" -m specgate_cli gates run $names \
+                --device "$GATE_DEVICE" --json "$report.json" --junit "$report.xml"
         done
         ;;
     verdict)

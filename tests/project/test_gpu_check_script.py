@@ -82,3 +82,19 @@ def test_the_startup_stage_measures_cold_and_warm_on_the_fixtures_and_the_1b_fol
         assert set(report) >= {"cold", "warm"} and report["engine"]["graph"] is True
         assert report["engine"]["compile"] is False and report["cold"]["engine_s"] > 0
     assert json.loads((out / "startup1b.json").read_text())["model"] == str(tmp_path / "model")
+
+
+@pytest.mark.slow
+def test_a_round_runs_in_parts_each_with_its_own_reports(tmp_path):
+    """With both forwards a round outgrows one device call: PART and GATES run some gates of it,
+    and the later rounds repeat only the REPEAT_GATES among them."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), GATE_DEVICE="cpu", PART="x", GATES="oracle",
+               ROUNDS="2", REPEAT_GATES="lossless oracle", GATES_TIMEOUT="300")
+    proc = subprocess.run(["bash", str(SCRIPT), "gates"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for i in (1, 2):
+        report = json.loads((out / f"gates-cuda-x-{i}.json").read_text())
+        assert [g["name"] for g in report["gates"]] == ["oracle"], i
+        assert f"gates-cuda-x-{i}" in proc.stdout

@@ -116,12 +116,11 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
             how.setdefault(g.name, []).append(_how(g, device))
             if g.status in ("red", "error"):
                 reasons.append(f"{g.name} is {g.status} on {device}: {g.reason}")
-            elif g.status == "green" and device == "cuda":
-                if not any(t.outcome == "skipped" for t in g.tests):
-                    green_on_cuda.add(g.name)
-                    forwards_on_cuda.setdefault(g.name, set()).update(forwards_of(g, report))
-                if g.name in judged:
-                    judged[g.name].append(g)
+            elif g.status == "green" and device == "cuda" and not any(t.outcome == "skipped" for t in g.tests):
+                green_on_cuda.add(g.name)
+                forwards_on_cuda.setdefault(g.name, set()).update(forwards_of(g, report))
+            if g.name in judged and device == "cuda" and g.status in ("green", "red"):
+                judged[g.name].append(g)  # a red run's figures are evidence too: what kept the veto
     for name in names:
         if name not in green_on_cuda:
             reasons.append(f"{name} is not green on CUDA: {'; '.join(how[name]) or 'not run in any report'}")

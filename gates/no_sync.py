@@ -16,12 +16,12 @@ several requests arriving while others decode:
   replays real CUDA graphs; on the CPU it runs the padded graph plan eagerly.
 
 With the compiled forward (compile=True), each compiled piece of the step runs with the hook
-popped off torch's function-mode stack (`run_compiled_unhooked`): dynamo would otherwise trace the host-read
-hook itself, which a fullgraph compile refuses, and a fullgraph-compiled piece cannot read the host
-anyway (a .item() there is a graph break, refused when it compiles). The workload then runs once
-unchecked before the checked run, on the same engine: compiling is
-start-up (`specgate bench --measure-startup`), not a step of the loop, and the checked run then
-compiles nothing (dynamo's graphs are counted before and after it: none may be added).
+popped off torch's function-mode stack (`run_compiled_unhooked`): dynamo would otherwise trace the
+host-read hook itself, which a fullgraph compile refuses, and a fullgraph-compiled piece cannot
+read the host anyway (a .item() there is a graph break, refused when it compiles). The workload
+then runs once unchecked before the checked run, on the same engine: compiling is start-up
+(`specgate bench --measure-startup`), not a step of the loop, and the checked run then compiles
+nothing (dynamo's graphs are counted before and after it: none may be added).
 """
 import dataclasses
 import traceback

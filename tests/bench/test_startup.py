@@ -3,9 +3,13 @@ with the reference forward (inductor's CPU compile takes a minute; tests/bench/t
 measures the compiled forward on a GPU): a cold and a warm child, each in a fresh process on one
 new inductor cache folder, what each phase is timed as, and the refusals."""
 import json
+import os
+import subprocess
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
+import torch
 
 from engine.bench import startup
 from engine.errors import SpecgateError
@@ -60,17 +64,34 @@ def test_cold_and_warm_run_in_fresh_children_on_one_new_cache_folder(target_dir,
     """Both children use the folder given (empty for the cold run); the reference forward compiles
     nothing, so neither touches inductor's cache; the child's own TRITON_CACHE_DIR is dropped."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(tmp_path)  # from any working directory
     folder = tmp_path / "inductor"
     folder.mkdir()
     engine = {"spec": "ngram", "num_spec_tokens": 2, "compile": False, "max_num_seqs": 2}
     got = startup.measure_startup(target_dir, engine, cache_dir=folder)
-    assert got["engine"] == engine and got["model"] == str(target_dir)
+    assert got["engine"] == engine and got["model"] == str(target_dir) and got["torch"] == torch.__version__
     for state in startup.CACHE_STATES:
         m = got[state]
         assert m["cache_dir"] == str(folder) and (m["graphs"], m["cache_hits"], m["cache_misses"]) == (0, 0, 0)
         assert m["compile_s"] == 0.0 and m["engine_s"] > 0 and m["first_request_s"] > 0 and m["steady_request_s"] > 0
         assert m["startup_s"] == pytest.approx(m["engine_s"] + m["first_request_s"] - m["steady_request_s"], abs=2e-3)
     assert json.loads(json.dumps(got)) == got
+
+
+def test_the_child_imports_the_engine_of_this_tree_first(monkeypatch, tmp_path):
+    """An editable install points `engine` at the checkout it was made from; a copy of the tree
+    (mutmut's staging, a worktree) must time its own engine: the child's PYTHONPATH starts here."""
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"startup_s": 1.0}) + "\n", stderr="")
+    monkeypatch.setattr(startup.subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert startup.run_child("m", {}, tmp_path, timeout=5) == {"startup_s": 1.0}
+    repo = str(Path(startup.__file__).resolve().parents[2])
+    assert seen["PYTHONPATH"].split(os.pathsep) == [repo, "/elsewhere"]
+    assert seen[startup.INDUCTOR_CACHE_ENV] == str(tmp_path)
 
 
 def test_a_cold_run_needs_an_empty_cache_folder(tmp_path, target_dir):

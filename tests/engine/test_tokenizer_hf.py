@@ -120,3 +120,14 @@ def test_the_vocabulary_counts_the_tokens_added_to_tokenizer_json(hf_tokenizer_d
     assert tok.add_tokens(["<|specgate-extra|>"]) == 1
     tok.save(str(folder / "tokenizer.json"))
     assert HFTokenizer(folder).vocab_size == base + 1
+
+
+def test_a_bpe_dropout_in_tokenizer_json_is_dropped_as_transformers_drops_it(metaspace_dir, tmp_path):
+    """transformers 5 rebuilds a Llama tokenizer's BPE model from its vocabulary and merges, without
+    the file's dropout, so encoding stays deterministic; specgate's pipeline must too."""
+    folder = variant(metaspace_dir, tmp_path / "dropout", {})
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps({**raw, "model": {**raw["model"], "dropout": 0.5}}))
+    text = "the textwrap module provides some convenience functions " * 4
+    assert len({tuple(load_tokenizer(folder).encode(text)) for _ in range(20)}) == 1
+    assert_same_as_transformers(folder)

@@ -75,6 +75,7 @@ def test_split_special_tokens_is_refused(tmp_path):
 
 @pytest.mark.parametrize("key, value", [
     ("extra_special_tokens", ["<|new|>"]),
+    ("additional_special_tokens", ["<|new|>"]),  # the older name, read when extra_special_tokens is absent
     ("added_tokens_decoder", {"401": {"content": "<|new|>", "special": True}}),
     ("added_tokens_decoder", {"5": {"content": "<|begin_of_text|>", "special": True}}),  # tokenizer.json: id 0
     ("pad_token", "<|pad|>"),

@@ -3,6 +3,7 @@ CUDA every gate on the CPU then the verdict, KEEP, last; on one with CUDA (faked
 are fakes that write reports) every gate on the GPU, then with --bench1b the 1B shape's gates on
 its cached folder, then the verdict over both reports; the exit status is the runs'."""
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -106,6 +107,10 @@ def test_the_1b_folder_is_the_cached_seeded_llama_1b(monkeypatch, tmp_path):
                     reason="no Makefile in this copy (mutmut's staged tree holds the sources and tests only)")
 @pytest.mark.parametrize("env, flag", [({}, ""), ({"BENCH1B": "1"}, " --bench1b"), ({"BENCH1B": "0"}, "")])
 def test_make_gates_runs_the_decision_with_the_1b_shape_on_request(env, flag):
-    out = subprocess.run(["make", "-n", "gates", *(f"{k}={v}" for k, v in env.items()), "JOBS=3"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    # Under `make test` this runs as a sub-make: without the parent's flags, and without the
+    # directory lines a sub-make prints.
+    outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "gates", *(f"{k}={v}" for k, v in env.items()),
+                          "JOBS=3"], cwd=REPO, env=outer, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
     assert out[-1] == f".venv/bin/specgate gates decide --jobs 3 --reports reports{flag}"

@@ -2,7 +2,7 @@
 proposes, all on the device, and brings the results back. One step reads top to bottom:
 
     plan (host) -> launch: upload -> combine inputs -> forward -> gather logits -> verify
-                   -> commit -> propose -> results download queued
+                   -> commit -> propose -> pack results -> results download queued
                 -> read: wait for the download, unpack the results
 
 Planning (host) lives in engine/step_plan.py. On the device, the sync and async runners differ
@@ -47,6 +47,7 @@ class InFlight:
     gpu_span: tuple | None = None          # the clock's timing events around the device work (bench, CUDA)
     launched_behind: int | None = None     # the step still in flight (unread) when this one was launched
     limits: ScheduleLimits | None = None   # what it was scheduled under (trace=True)
+    ring_slot: int | None = None           # CUDA: the ResultRing buffer `host` views, freed when read
 
 
 class ModelRunner:
@@ -73,7 +74,7 @@ class ModelRunner:
         self.state = DeviceState(cfg.max_num_seqs + 1, cfg.blocks_per_seq * cfg.block_size + self.k + 1,
                                  self.k, mc.vocab_size, proposer.has_q, cfg.device)
         self.is_cuda = cfg.device.startswith("cuda")
-        self.copy_stream = torch.cuda.Stream() if self.is_cuda else None
+        self.results = ResultRing(cfg.max_num_seqs, self.k + 3) if self.is_cuda else None
         self.graphs: dict[tuple[int, int], tuple] = {}  # (batch bucket, context bucket) -> graph
         self.declared_syncs = DeclaredSyncs()  # the engine's deliberate host waits (engine/host_sync.py)
         self.staging = InputStaging(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, cfg.max_num_seqs * (self.k + 1)),
@@ -101,23 +102,12 @@ class ModelRunner:
             out = self.device_step(self._upload(plan, clock), step_sizes(plan), processors,
                                    graph=plan.arm == "graph")
         span = clock.end_gpu(span)
-        host, event = self._start_download(out.packed_results(len(plan.requests)))
+        packed = out.packed_results(len(plan.requests))
+        # Committed ids go to the host on every step, whatever else the step did. A CPU tensor is
+        # already where the host reads it; on CUDA they are copied into the result ring.
+        host, event, ring_slot = self.results.download(packed) if self.is_cuda else (packed, None, None)
         # The trace reads the step a step late (async runner), after a replay has overwritten it.
-        return InFlight(plan, host, event, out.clone() if self.trace else None, span)
-
-    def _start_download(self, packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
-        """Committed ids go to the host on every step, whatever else the step did: on CUDA into
-        pinned memory on the copy stream, ordered after the step, with an event to wait on."""
-        if not packed.is_cuda:
-            return packed, None  # a CPU tensor is already where the host reads it
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        event = torch.cuda.Event()
-        self.copy_stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.copy_stream):
-            host.copy_(packed, non_blocking=True)
-            event.record(self.copy_stream)
-        packed.record_stream(self.copy_stream)
-        return host, event
+        return InFlight(plan, host, event, out.clone() if self.trace else None, span, ring_slot=ring_slot)
 
     def read(self, flight: InFlight, blocking: bool) -> list[StepResult]:
         """Wait for a launched step's results (the one place the host waits on the device) and
@@ -125,7 +115,10 @@ class ModelRunner:
         with self.declared_syncs.allow(f"{'blocking' if blocking else 'deferred'} result read"):
             if flight.event is not None:
                 flight.event.synchronize()
-            return StepResult.unpack(flight.host.tolist())
+            results = StepResult.unpack(flight.host.tolist())
+        if flight.ring_slot is not None:
+            self.results.release(flight.ring_slot)
+        return results
 
     # ---- device: run the step ----------------------------------------------------------------
     def _upload(self, plan: StepPlan, clock=NullClock()) -> StepInputs[torch.Tensor]:
@@ -219,7 +212,8 @@ class ModelRunner:
 
         return StepOutputs(sampled=sampled, num_accepted=num_accepted, num_draft=num_draft, input_ids=input_ids,
                            positions=positions, seq_lens=seq_lens, query_start_loc=query_start_loc,
-                           cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts)
+                           cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts,
+                           packed=StepResult.pack(sampled, num_accepted, num_draft))
 
     def _replay(self, plan: StepPlan, clock=NullClock()) -> StepOutputs:
         """CUDA: a graph's inputs are the staging buffer's device views for its bucket, so the
@@ -273,6 +267,45 @@ class ModelRunner:
         with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph, pool=self.graph_pool):
             static_out = self.device_step(static_in, step_sizes(padding), graph=True)
         self.graphs[key] = (graph, static_in, static_out)
+
+
+class ResultRing:
+    """CUDA: where steps' packed results land on the host. Pinned buffers and their copy events,
+    allocated once: a pinned allocation, an event and a second stream's handshake per step were
+    host work in the launch phase, which the async runner must finish inside the device's step.
+
+    The copy is queued on the step's own stream, right behind it: ordered after the step wrote
+    the results and before the next step (a graph replay) overwrites them, with no cross-stream
+    wait; it moves (k + 3) x 8 bytes a row. A buffer is reused only once its step was read: the
+    async runner has at most two steps unread (the one in flight and the one being launched),
+    so a third buffer never waits, and a fourth unread step is an engine bug, refused."""
+
+    DEPTH = 3
+
+    def __init__(self, max_rows: int, width: int):
+        self.buffers = [torch.empty((max_rows, width), dtype=torch.long, pin_memory=True)
+                        for _ in range(self.DEPTH)]
+        self.events = [torch.cuda.Event() for _ in range(self.DEPTH)]
+        self.unread = [False] * self.DEPTH
+        self.turn = 0
+
+    def download(self, packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event", int]:
+        """Queue the copy of `packed` ([rows, width] on the device) into the next buffer: (its
+        host view, the event recorded when the copy is done, the buffer's slot)."""
+        slot = self.turn
+        if self.unread[slot]:
+            raise RuntimeError(f"result ring: buffer {slot} still holds an unread step's results "
+                               f"({self.DEPTH} steps launched and not read)")
+        self.turn = (slot + 1) % self.DEPTH
+        host = self.buffers[slot][:packed.shape[0]]
+        host.copy_(packed, non_blocking=True)
+        self.events[slot].record()
+        self.unread[slot] = True
+        return host, self.events[slot], slot
+
+    def release(self, slot: int) -> None:
+        """The host has read the buffer's results (ModelRunner.read): it may be refilled."""
+        self.unread[slot] = False
 
 
 def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:

@@ -18,6 +18,7 @@ ROW_FIELDS = input_fields(ROW)
 TOKEN_FIELDS = input_fields(TOKEN)
 FLOAT_FIELDS = input_fields(FLOAT)
 RING = 2  # the async runner reads a step's results before it plans the step after next
+LAYOUTS = 256  # layouts kept (engine/staging.py InputStaging.layout)
 
 
 class InputStaging:
@@ -40,6 +41,9 @@ class InputStaging:
                         torch.zeros(float_size, dtype=torch.float32, device=device))
                        if self.is_cuda else self.host[0])
         self.turn = 0
+        # (rows, tokens) -> layout, computed once a shape: every step of a graph bucket has the same
+        # one. Eager-arm shapes vary with the batch, so the cache is cleared when it holds LAYOUTS.
+        self.layouts: dict[tuple[int, int], tuple[dict[str, slice], dict[str, slice]]] = {}
 
     def upload(self, columns: StepInputs[list], num_rows: int, num_tokens: int) -> StepInputs[torch.Tensor]:
         """columns: every field as a flat list, block_tables as num_rows lists of table_width.
@@ -71,7 +75,15 @@ class InputStaging:
 
     def layout(self, num_rows: int, num_tokens: int) -> tuple[dict[str, slice], dict[str, slice]]:
         """Where each field of a step of num_rows rows and num_tokens tokens lies in the int64
-        and the float32 buffer, packed from offset 0 (block_tables last)."""
+        and the float32 buffer, packed from offset 0 (block_tables last); computed once a shape."""
+        key = (num_rows, num_tokens)
+        if key not in self.layouts:
+            if len(self.layouts) >= LAYOUTS:
+                self.layouts.clear()
+            self.layouts[key] = self._layout(num_rows, num_tokens)
+        return self.layouts[key]
+
+    def _layout(self, num_rows: int, num_tokens: int) -> tuple[dict[str, slice], dict[str, slice]]:
         sizes = [(name, num_rows) for name in ROW_FIELDS] + [(name, num_tokens) for name in TOKEN_FIELDS]
         sizes.append(("block_tables", num_rows * self.table_width))
         int_slices, offset = {}, 0

@@ -12,8 +12,6 @@ from typing import Generic, TypeVar
 
 import torch
 
-from engine.step_result import StepResult
-
 Column = TypeVar("Column")  # a host list while the plan's columns are gathered; a device tensor after upload
 
 ROW = {"per": "row"}      # one value per row
@@ -57,10 +55,13 @@ class StepOutputs:
     cu_num_logits: torch.Tensor    # [R+1] where each row's logits start in the L rows
     logits_indices: torch.Tensor   # [L] the token rows whose logits were gathered
     draft_token_ids: torch.Tensor  # [R, k] the drafts verify read from the draft buffer
+    packed: torch.Tensor           # [R, k+3] sampled, num_accepted, num_draft in one tensor (StepResult.pack),
+                                   # packed on the device inside the step (in the graph arm, inside the graph)
 
     def packed_results(self, num_real: int) -> torch.Tensor:
-        """The real rows' results in one tensor, for one copy to the host (engine/step_result.py)."""
-        return StepResult.pack(self.sampled[:num_real], self.num_accepted[:num_real], self.num_draft[:num_real])
+        """The real rows' results, for one copy to the host (engine/step_result.py): the first
+        num_real rows of `packed`, a contiguous view, so reading them back launches no kernel."""
+        return self.packed[:num_real]
 
     def clone(self) -> "StepOutputs":
         """A copy the trace reads a step late (async runner), after a graph replay overwrote these."""

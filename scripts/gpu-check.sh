@@ -82,7 +82,8 @@ PY
         # With both forwards a round outgrows one 10-minute call: run it in parts, one call each,
         # e.g. PART=a GATES="lossless combine emit-count" GATES_TIMEOUT=560 (reports
         # gates-cuda-a-1.json ...; the later rounds repeat the REPEAT_GATES among GATES), then
-        # `specgate gates verdict` over every part's reports.
+        # `specgate gates verdict` over every part's reports. GATE_JOBS=N runs N gate processes at
+        # once on the one GPU (gates/run.py; the timed gates, busy and speed-ab, still run alone).
         repeat=$REPEAT_GATES
         if [ -n "${GATES:-}" ]; then
             repeat=$(for g in $REPEAT_GATES; do [[ " $GATES " == *" $g "* ]] && printf '%s ' "$g"; done)
@@ -93,7 +94,7 @@ PY
             report="$OUT/gates-cuda-${PART:+$PART-}$i"
             # shellcheck disable=SC2086  # the gate names are words
             timed "gates-cuda-${PART:+$PART-}$i" timeout "${GATES_TIMEOUT:-0}" "$PY" -m specgate_cli gates run $names \
-                --device "$GATE_DEVICE" --json "$report.json" --junit "$report.xml"
+                --device "$GATE_DEVICE" --jobs "${GATE_JOBS:-1}" --json "$report.json" --junit "$report.xml"
         done
         ;;
     verdict)

@@ -215,7 +215,7 @@ DEFECTS = (
            ("combine", "emit-count"), needs="cuda"),
     Defect("blocking-result-download",
            "Results downloaded with a blocking copy: the host waits for every step before launching the "
-           "next, so the async runner overlaps nothing (the runner's results download, ModelRunner._start_download).",
+           "next, so the async runner overlaps nothing (the runner's results download, ResultRing.download).",
            ("busy", "no-sync"), needs="cuda"),
     # ---- the host loop ---------------------------------------------------------------------------
     Defect("host-read-in-step-loop",

@@ -128,3 +128,25 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
         assert llm.runner.declared_syncs.counts["graph capture"] == len(llm.runner.graphs)
     if arm["graph"] and arm["attention_backend"] == "sdpa":
         assert len(planner.context_buckets) > 1  # the context is bucketed, not padded to the table
+
+
+def test_result_ring_copies_each_step_into_its_own_buffer_and_refuses_a_fourth_unread():
+    """The pinned result ring (engine/runner.py): each download lands in the next buffer, the
+    event says when it is there, a buffer is refilled only after release, and one more unread
+    step than the ring holds is refused rather than overwritten."""
+    from engine.runner import ResultRing
+    ring = ResultRing(max_rows=4, width=5)
+    slots = []
+    for step in range(ResultRing.DEPTH):
+        packed = torch.full((3, 5), step, dtype=torch.long, device="cuda")
+        host, event, slot = ring.download(packed)
+        event.synchronize()
+        assert host.shape == (3, 5) and host.is_pinned() and host.tolist() == [[step] * 5] * 3
+        slots.append(slot)
+    assert sorted(slots) == list(range(ResultRing.DEPTH))
+    with pytest.raises(RuntimeError, match="unread"):
+        ring.download(torch.zeros((1, 5), dtype=torch.long, device="cuda"))
+    ring.release(slots[0])
+    host, event, slot = ring.download(torch.full((2, 5), 9, dtype=torch.long, device="cuda"))
+    event.synchronize()
+    assert slot == slots[0] and host.tolist() == [[9] * 5] * 2

@@ -67,7 +67,8 @@ def step(is_async: bool, arm: str, num_rows: int, limits: ScheduleLimits | None 
                       query_start_loc=torch.tensor([0, 3, 6] + [6 + i + 1 for i in range(pad)]),
                       cu_num_logits=torch.tensor([0, 1, 4] + [4 + i + 1 for i in range(pad)]),
                       logits_indices=torch.tensor([2, 3, 4, 5] + [6 + i for i in range(pad)]),
-                      draft_token_ids=torch.tensor([[0, 0], [41, 42]] + [[0, 0]] * pad))
+                      draft_token_ids=torch.tensor([[0, 0], [41, 42]] + [[0, 0]] * pad),
+                      packed=torch.zeros(num_rows, 5, dtype=torch.long))
     # each row: k + 1 sampled (accepted drafts, then the correction/bonus; -1 after), num_accepted, num_draft
     results = StepResult.unpack([[9, -1, -1, 0, 0], [41, 77, -1, 1, 2]] + [[5, -1, -1, 0, 0]] * pad)
     return trace_step(plan, out, results, (ASYNC if is_async else SYNC).route, 6, limits)

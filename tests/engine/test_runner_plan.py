@@ -259,7 +259,7 @@ def test_runner_buffers(has_q):
     for cache in runner.kv_caches:
         assert cache.shape == (2, 21 * BLOCK, MODEL.num_key_value_heads, MODEL.dim_per_head)
         assert cache.dtype == torch.float32 and not cache.any()
-    assert runner.graphs == {} and runner.copy_stream is None and not runner.is_cuda
+    assert runner.graphs == {} and runner.results is None and not runner.is_cuda
 
 
 def test_graphs_are_captured_up_front_on_cuda_only():

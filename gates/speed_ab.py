@@ -26,7 +26,7 @@ GRAPH_ARMS = ("eager", "graph")
 MAX_TOKENS = {"cpu": 32, "cuda": 128}  # a smoke check on the CPU; closer to steady state on a GPU
 ARMS = {"sync": "0", "async": "1"}
 # The eager arm is host-bound: the async runner has no device time to hide its per-step
-# bookkeeping (a copy stream, an event, a pinned result buffer) behind, so there it may cost up to
+# bookkeeping (the results' copy into the pinned ring, an event) behind, so there it may cost up to
 # this fraction of sync's speed before the gate calls it a regression. On the H200 (fixtures,
 # 06d5d2c) async ran 0 to 9% behind sync in the eager arm, once beyond a tight 3-leg floor (2.2%
 # at c=1), while it ran 10 to 42% ahead in the graph arm. The graph arm, which decides the veto,

@@ -55,6 +55,10 @@ def test_a_folder_without_tokenizer_json_is_refused_and_bytes_are_chosen_only_by
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
     with pytest.raises(ModelLoadError, match="has no tokenizer.json"):
         load_tokenizer(tmp_path)
+    # a SentencePiece-only folder (Llama 2's tokenizer.model) is named as such
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a")
+    with pytest.raises(ModelLoadError, match=r"\(it has merges\.txt, tokenizer\.model, vocab\.json\)"):
+        load_tokenizer(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": BYTE_TOKENIZER_CLASS}))
     assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
 

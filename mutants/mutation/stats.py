@@ -41,7 +41,7 @@ from mutants.mutation.stage import (
 
 MUTMUT_STATS = "mutmut-stats.json"  # in the staging folder's mutants/, mutmut's working copy
 STATS_FILES = (MUTMUT_STATS, STATS_FUNCTIONS, LISTING)  # what a pass writes into its folder
-NEEDED = (MUTMUT_STATS, STATS_FUNCTIONS)  # the listing only saves a shard its minute; it is checked by digest
+NEEDED = (MUTMUT_STATS, STATS_FUNCTIONS)  # the listing only saves a shard its half minute; it is checked by digest
 NO_MUTANT = "specgate.stats_only.x_none__mutmut_0"  # a mutant name no mutant has
 NOTHING_MATCHES = "Filtered for specific mutants, but nothing matches"  # mutmut's stop after the stats
 STATS_LOG = "stats-pass.log"  # mutmut's output of the pass, in the staging folder

@@ -135,4 +135,3 @@ def test_the_ci_workflow_runs_one_stats_pass_and_every_shard_loads_it():
     # restored first, the stats put over it by the mutation step, the cache saved whatever happened
     assert steps.index(restore) < steps.index(mutation) and steps.index(download) < steps.index(mutation)
     assert steps.index(mutation) < steps.index(save) and save["if"] == "always()"
-    assert "stats" not in str(jobs["merge"].get("needs")) or jobs["merge"]["if"] == "always()"

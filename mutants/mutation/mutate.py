@@ -1,13 +1,13 @@
-"""`specgate mutate [--since REV [--budget N] | --only PATTERN ... | --shard I/N | --cuda-only] [--max-children N]
-[--time-limit S] [--report DIR] [--update-baseline]` and `specgate mutate merge DIR ...` (also `make mutate`): mutmut
-over engine/, with the fast tests and gates as the suite.
+"""`specgate mutate [--since REV [--budget N] | --only PATTERN ... | --shard I/N [--stats-from DIR] | --cuda-only]
+[--max-children N] [--time-limit S] [--report DIR] [--update-baseline]`, `specgate mutate --stats-only DIR` and
+`specgate mutate merge DIR ...` (also `make mutate`): mutmut over engine/, with the fast tests and gates as the suite.
 
 One pass, a module per step:
 
     stage the suite in build/mutmut/ (stage) -> mutmut run there, over the functions
     changed since REV or all (run) -> read mutmut's results, with the reviewed
     equivalents (results) -> reports (report, job_summary) -> ratchet against the baseline
-    (ratchet) -> score line
+    (ratchet) -> score line; `--stats-only` and `--stats-from`: one stats pass for many shards (stats)
 """
 import argparse
 import os
@@ -43,11 +43,12 @@ from mutants.mutation.stage import (
     stage,
     suite_fingerprint,
 )
+from mutants.mutation.stats import install_stats, stats_only
 
 
 def mutate(since: str | None, max_children: int, report_dir: Path, raise_baseline: bool,
            only: tuple[str, ...] = (), shard: tuple[int, int] | None = None, cuda: bool = False,
-           time_limit: float | None = None, budget: int | None = None) -> int:
+           time_limit: float | None = None, budget: int | None = None, stats_from: Path | None = None) -> int:
     t0 = time.perf_counter()
     equivalents = load_equivalents()
     patterns = list(only) or (changed_functions(since) if since else [])
@@ -63,6 +64,9 @@ def mutate(since: str | None, max_children: int, report_dir: Path, raise_baselin
     reset = stage(staging, suite)
     if reset:
         print(f"mutate: the suite changed since the cached run: {reset} verdicts other than kills reset")
+    if stats_from:  # over the folder's own (stats.py says why they win); drop_stale_stats below checks them
+        print(f"mutate: mutmut's test stats from {stats_from}; {install_stats(stats_from, staging)} cached "
+              f"`no tests` verdicts of older stats reset")
     sampled = None
     if since and budget is not None:
         # A bounded --since run: every mutant of the changed functions is listed, and when there are
@@ -213,6 +217,12 @@ def add_mutate_parser(sub) -> None:
                    help="with --since: test at most N mutants of the changed functions, drawn uniformly with a fixed "
                    "seed when there are more (the score line says so), so a commit that changes many functions "
                    "keeps the run bounded")
+    p.add_argument("--stats-only", type=Path, default=None, metavar="DIR",
+                   help="collect mutmut's test stats (the suite once, mapping each function to its tests) and write "
+                   "them to DIR, testing no mutant: one pass for every shard to load with --stats-from DIR")
+    p.add_argument("--stats-from", type=Path, default=None, metavar="DIR",
+                   help="load the test stats a --stats-only pass wrote to DIR instead of collecting them (over any "
+                   "the staging folder holds); stats older than the sources are dropped and collected again")
     p.add_argument("--cuda-only", action="store_true",
                    help="test only the mutants equivalent-mutants.toml lists as CUDA-only, with the gates on cuda "
                    "(the GPU machine); merge its report with a CPU run's to replace their verdicts")
@@ -223,6 +233,8 @@ def add_mutate_parser(sub) -> None:
 
 
 def cmd_mutate(args) -> int:
+    if args.stats_only is not None:
+        return stats_only(args)
     if args.merge:
         if args.merge[0] != "merge" or len(args.merge) < 2:
             print("specgate: error: usage: specgate mutate merge DIR [DIR ...] [--report DIR]", file=sys.stderr)
@@ -233,6 +245,9 @@ def cmd_mutate(args) -> int:
         except ValueError as e:
             print(f"specgate: error: {e}", file=sys.stderr)
             return 2
+    if args.stats_from is not None and (args.since or args.cuda_only):
+        print("specgate: error: --stats-from takes no --since or --cuda-only", file=sys.stderr)
+        return 2
     shard = None
     if args.shard or args.cuda_only:
         if args.since or args.only or args.update_baseline or (args.shard and args.cuda_only):
@@ -262,7 +277,8 @@ def cmd_mutate(args) -> int:
         if args.shard:
             shard = parse_shard(args.shard)
         return mutate(args.since, args.max_children, args.report, args.update_baseline, tuple(args.only),
-                      shard=shard, cuda=args.cuda_only, time_limit=args.time_limit, budget=args.budget)
+                      shard=shard, cuda=args.cuda_only, time_limit=args.time_limit, budget=args.budget,
+                      stats_from=args.stats_from)
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

@@ -52,6 +52,9 @@ json.dump({"hashes": hashes, "lines": lines}, sys.stdout)
 """
 
 
+LISTING = "mutant-list.json"  # in the staging folder
+
+
 def sources_digest(staging: Path = STAGING) -> str:
     """The cache key of the listing: the mutated files, and the script that lists them."""
     h = hashlib.sha256(_LIST_SCRIPT.encode())
@@ -76,7 +79,7 @@ def mutated_lines(staging: Path = STAGING) -> dict[str, str]:
 
 
 def _listing(staging: Path) -> dict:
-    digest, cache = sources_digest(staging), staging / "mutant-list.json"
+    digest, cache = sources_digest(staging), staging / LISTING
     if cache.exists():
         cached = json.loads(cache.read_text())
         if cached.get("digest") == digest and "lines" in cached:

@@ -32,7 +32,7 @@ from engine.scheduler import ScheduledBatch
 from engine.staging import InputStaging
 from engine.step_io import StepInputs, StepOutputs
 from engine.step_plan import StepPlan, StepPlanner
-from engine.step_result import StepResult
+from engine.step_result import ResultRing, StepResult
 from engine.trace import ScheduleLimits
 from engine.verify import verify
 
@@ -267,45 +267,6 @@ class ModelRunner:
         with self.declared_syncs.allow("graph capture"), torch.cuda.graph(graph, pool=self.graph_pool):
             static_out = self.device_step(static_in, step_sizes(padding), graph=True)
         self.graphs[key] = (graph, static_in, static_out)
-
-
-class ResultRing:
-    """CUDA: where steps' packed results land on the host. Pinned buffers and their copy events,
-    allocated once: a pinned allocation, an event and a second stream's handshake per step were
-    host work in the launch phase, which the async runner must finish inside the device's step.
-
-    The copy is queued on the step's own stream, right behind it: ordered after the step wrote
-    the results and before the next step (a graph replay) overwrites them, with no cross-stream
-    wait; it moves (k + 3) x 8 bytes a row. A buffer is reused only once its step was read: the
-    async runner has at most two steps unread (the one in flight and the one being launched),
-    so a third buffer never waits, and a fourth unread step is an engine bug, refused."""
-
-    DEPTH = 3
-
-    def __init__(self, max_rows: int, width: int):
-        self.buffers = [torch.empty((max_rows, width), dtype=torch.long, pin_memory=True)
-                        for _ in range(self.DEPTH)]
-        self.events = [torch.cuda.Event() for _ in range(self.DEPTH)]
-        self.unread = [False] * self.DEPTH
-        self.turn = 0
-
-    def download(self, packed: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event", int]:
-        """Queue the copy of `packed` ([rows, width] on the device) into the next buffer: (its
-        host view, the event recorded when the copy is done, the buffer's slot)."""
-        slot = self.turn
-        if self.unread[slot]:
-            raise RuntimeError(f"result ring: buffer {slot} still holds an unread step's results "
-                               f"({self.DEPTH} steps launched and not read)")
-        self.turn = (slot + 1) % self.DEPTH
-        host = self.buffers[slot][:packed.shape[0]]
-        host.copy_(packed, non_blocking=True)
-        self.events[slot].record()
-        self.unread[slot] = True
-        return host, self.events[slot], slot
-
-    def release(self, slot: int) -> None:
-        """The host has read the buffer's results (ModelRunner.read): it may be refilled."""
-        self.unread[slot] = False
 
 
 def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:

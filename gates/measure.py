@@ -1,11 +1,12 @@
-"""Measurements for the speed gates: timed legs, the A/B with a noise floor, and GPU busy time.
+"""Measurements for the speed gates: timed legs, the paired A/B with its floor, and GPU busy time.
 
-A/B rule: each arm's spread over its warm legs, (max - min) / mean, is its noise; the floor is
-the larger of the two arms' spreads. A relative delta smaller than the floor is reported as
-"under the floor" and never as a ratio, because a ratio there would state noise as a result.
+A/B rule (PairedMedianAB): the runners' legs are interleaved and paired leg by leg; the floor is
+the bootstrap interval of the median per-leg difference, which must clear a smallest effect to
+count. A difference under the floor is reported as "under the floor" and never as a ratio,
+because a ratio there would state noise as a result.
 """
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 UNDER_THE_FLOOR = "under the floor"
 
@@ -20,6 +21,7 @@ class TimedLeg:
     seconds: float
     tpot_ms: float | None            # mean over requests of (finish - first token) / (tokens - 1)
     order: int = 0                   # position of this leg in the run, to show interleaving
+    host_ms_per_step: dict | None = None  # the engine's host phases (engine/bench/metrics.py StepPhases)
 
     @property
     def throughput(self) -> float:
@@ -28,67 +30,34 @@ class TimedLeg:
 
 def timed_leg(llm, prompts: list[str], params, arm: str, concurrency: int, index: int, warm: bool) -> TimedLeg:
     """One pass of the workload, stepping the engine by hand to time each request's first token
-    and finish as the host sees them (the async runner learns both one step late)."""
+    and finish as the host sees them (the async runner learns both one step late). The engine's
+    step clock records the host's time per phase meanwhile (perf_counter marks only: no CUDA
+    event in a timed leg), so a slower runner shows where its host time went."""
+    from engine.bench.metrics import StepPhases
+    from engine.clock import NullClock
+    phases = StepPhases(cuda=False)
+    llm.clock = phases
     t0 = time.perf_counter()
-    reqs = [llm.add_request(p, params) for p in prompts]
-    first, done = {}, {}
-    while llm.has_unfinished():
-        llm.step()
-        now = time.perf_counter()
-        for r in reqs:
-            if r.request_id not in first and r.output_token_ids:
-                first[r.request_id] = now
-            if r.request_id not in done and r.is_finished:
-                done[r.request_id] = now
+    try:
+        reqs = [llm.add_request(p, params) for p in prompts]
+        first, done = {}, {}
+        while llm.has_unfinished():
+            llm.step()
+            now = time.perf_counter()
+            for r in reqs:
+                if r.request_id not in first and r.output_token_ids:
+                    first[r.request_id] = now
+                if r.request_id not in done and r.is_finished:
+                    done[r.request_id] = now
+    finally:
+        llm.clock = NullClock()
     seconds = time.perf_counter() - t0
     per_token = [(done[r.request_id] - first[r.request_id]) / (len(r.output_token_ids) - 1)
                  for r in reqs if len(r.output_token_ids) > 1]
     tpot = 1000 * sum(per_token) / len(per_token) if per_token else None
-    return TimedLeg(arm, concurrency, index, warm, sum(len(r.output_token_ids) for r in reqs), seconds, tpot)
-
-
-def spread(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return (max(values) - min(values)) / mean if mean else 0.0
-
-
-@dataclass
-class ABResult:
-    metric: str
-    concurrency: int
-    higher_is_better: bool
-    a: list[float]
-    b: list[float]
-    floor: float = field(init=False)
-    delta: float = field(init=False)      # (mean b - mean a) / mean a
-
-    def __post_init__(self):
-        mean_a, mean_b = sum(self.a) / len(self.a), sum(self.b) / len(self.b)
-        self.floor = max(spread(self.a), spread(self.b))
-        self.delta = (mean_b - mean_a) / mean_a
-
-    @property
-    def under_floor(self) -> bool:
-        return abs(self.delta) < self.floor
-
-    @property
-    def b_is_worse(self) -> bool:
-        """B worse than A by more than the floor."""
-        return not self.under_floor and (self.delta < 0) == self.higher_is_better
-
-    def as_dict(self, a_name: str = "sync", b_name: str = "async") -> dict:
-        out = {"metric": self.metric, "concurrency": self.concurrency,
-               f"{a_name}_legs": [round(v, 4) for v in self.a], f"{b_name}_legs": [round(v, 4) for v in self.b],
-               f"{a_name}_mean": round(sum(self.a) / len(self.a), 4),
-               f"{b_name}_mean": round(sum(self.b) / len(self.b), 4),
-               f"{a_name}_spread": round(spread(self.a), 4), f"{b_name}_spread": round(spread(self.b), 4),
-               "noise_floor": round(self.floor, 4)}
-        if self.under_floor:
-            out["result"] = UNDER_THE_FLOOR
-        else:
-            out["result"] = f"{b_name}/{a_name} = {1 + self.delta:.3f}"
-            out["ratio"] = round(1 + self.delta, 4)
-        return out
+    host = phases.as_dict()["host_ms_per_step"] if phases.steps else None
+    return TimedLeg(arm, concurrency, index, warm, sum(len(r.output_token_ids) for r in reqs), seconds, tpot,
+                    host_ms_per_step=host)
 
 
 def submission_intervals(activities: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
@@ -122,17 +91,23 @@ def busy_fraction(intervals: list[tuple[float, float]], window: tuple[float, flo
     return covered / (end - start) if end > start else 0.0
 
 
-# ---- the robust A/B for the busy gate ------------------------------------------------------------
-# The range floor above lets one collapsed leg (a host hiccup that slows both runners) set the
-# floor for the whole A/B: on the H200 a single leg in five turned a 35% busy-time gain into
-# "under the floor". The busy gate therefore pairs the runners leg by leg (the legs are
-# interleaved, so a leg's hiccup hits both) and bootstraps the median of the per-leg differences.
+# ---- the paired A/B of the busy and speed gates ------------------------------------------------
+# A range floor ((max - min) / mean of each runner's legs, the gates' first rule) lets one
+# collapsed leg (a host hiccup) set the floor for the whole A/B: on the H200 a single leg in five
+# turned a 35% busy-time gain into "under the floor", and one slow sync leg of three hid speed-ab's
+# 8% TPOT gain at c=1 (2026-12-02, the compiled graph arm). The gates therefore pair the runners leg
+# by leg (the legs are interleaved, so a leg's hiccup hits both) and bootstrap the median of the
+# per-leg differences.
 BOOTSTRAP = "percentile bootstrap of the median of per-leg differences (async - sync)"
+RELATIVE_BOOTSTRAP = "percentile bootstrap of the median of per-leg relative differences (async / sync - 1)"
 RESAMPLES, CONFIDENCE, OUTLIER_MADS, MIN_LEGS = 2000, 0.95, 3.0, 5
 # The smallest busy-fraction difference that counts: one point of decode time. Paired legs resolve
 # far smaller differences, and a consistent 0.2-point gap in the launch-bound eager arm is no
 # regression worth holding the veto for (the graph arm's level has its own threshold).
 BUSY_MIN_EFFECT = 0.01
+# speed-ab's, relative: a 2% change in TPOT or throughput. The async runner exists for gains of
+# 10% and more (the H200's graph arm: 8 to 42%); under 2% a gain is no reason to switch runners.
+SPEED_MIN_EFFECT = 0.02
 MAD_TO_SIGMA = 1.4826  # scales the median absolute deviation to a normal's standard deviation
 
 
@@ -171,8 +146,10 @@ class PairedMedianAB:
 
     B is ahead when the whole bootstrap interval of the median per-leg difference lies on B's
     better side of +-min_effect, behind when it lies beyond it on the worse side, and otherwise
-    the difference is under the floor: reported as such, never as a ratio. Legs
-    beyond OUTLIER_MADS scaled MADs from their median are named in `outliers`; every leg stays in.
+    the difference is under the floor: reported as such, never as a ratio. `relative`: the
+    differences are b / a - 1 (speed: TPOT, throughput), and a result beyond the floor carries
+    the ratio 1 + their median. Legs beyond OUTLIER_MADS scaled MADs from their median are named
+    in `outliers`; every leg stays in.
     """
     metric: str
     a: list[float]
@@ -184,13 +161,14 @@ class PairedMedianAB:
     min_effect: float = 0.0
     a_name: str = "sync"
     b_name: str = "async"
+    relative: bool = False
 
     def __post_init__(self):
         if len(self.a) != len(self.b):
             raise ValueError(f"paired legs: {len(self.a)} {self.a_name} legs against {len(self.b)} {self.b_name} legs")
         if len(self.a) < MIN_LEGS:
             raise ValueError(f"{len(self.a)} legs: the median's bootstrap interval needs at least {MIN_LEGS}")
-        self.differences = [b - a for a, b in zip(self.a, self.b)]
+        self.differences = [b / a - 1 if self.relative else b - a for a, b in zip(self.a, self.b)]
         self.median_difference = median(self.differences)
         self.interval = bootstrap_median_interval(self.differences, self.resamples, self.confidence, seed=self.seed)
 
@@ -216,15 +194,18 @@ class PairedMedianAB:
         a, b = self.a_name, self.b_name
         named = [{"runner": name, **o} for name, legs in ((a, self.a), (b, self.b)) for o in outliers(legs)]
         named += [{"runner": f"{b}-{a}", **o} for o in outliers(self.differences)]
-        return {"metric": self.metric, "statistic": BOOTSTRAP, "resamples": self.resamples,
-                "confidence": self.confidence, "seed": self.seed, "legs": len(self.a),
-                f"{a}_legs": [round(v, 4) for v in self.a], f"{b}_legs": [round(v, 4) for v in self.b],
-                f"{a}_median": round(median(self.a), 4), f"{b}_median": round(median(self.b), 4),
-                "median_difference": round(self.median_difference, 4),
-                "interval": [round(v, 4) for v in self.interval], "min_effect": self.min_effect,
-                "outlier_rule": f"beyond {OUTLIER_MADS:g} scaled MADs ({MAD_TO_SIGMA} x MAD) of the median; "
-                                f"named, kept in every statistic",
-                "outliers": named, "result": self.result}
+        out = {"metric": self.metric, "statistic": RELATIVE_BOOTSTRAP if self.relative else BOOTSTRAP,
+               "resamples": self.resamples, "confidence": self.confidence, "seed": self.seed, "legs": len(self.a),
+               f"{a}_legs": [round(v, 4) for v in self.a], f"{b}_legs": [round(v, 4) for v in self.b],
+               f"{a}_median": round(median(self.a), 4), f"{b}_median": round(median(self.b), 4),
+               "median_difference": round(self.median_difference, 4),
+               "interval": [round(v, 4) for v in self.interval], "min_effect": self.min_effect,
+               "outlier_rule": f"beyond {OUTLIER_MADS:g} scaled MADs ({MAD_TO_SIGMA} x MAD) of the median; "
+                               f"named, kept in every statistic",
+               "outliers": named, "result": self.result}
+        if self.relative and self.result != UNDER_THE_FLOOR:
+            out["ratio"] = round(1 + self.median_difference, 4)
+        return out
 
 
 def judge_busy(arm: str, ab: PairedMedianAB, threshold: float | None) -> list[str]:

@@ -1,29 +1,33 @@
 """Gate speed-ab (G3): TPOT and output throughput of the sync runner (VT_ASYNC_RUNNER=0) against
 the async runner on the same build, in the eager and the graph arm, at concurrency 1 and 8,
-runners interleaved (ABBA per leg), a warm-up leg then several measured legs each (32 tokens a
-request on the CPU, 128 on a GPU). Each runner's spread sets a noise floor; a delta under it is
-reported as under the floor and never as a ratio.
+runners interleaved (ABBA per leg), a warm-up leg then MEASURED_LEGS measured legs each (16 tokens
+a request on the CPU, 128 on a GPU). The legs are paired (leg i of sync and of async ran back to
+back) and the floor is the 95% percentile-bootstrap interval of the median per-leg relative
+difference, async / sync - 1 (gates/measure.py, PairedMedianAB): it must clear SPEED_MIN_EFFECT
+(2%) for async to count as ahead or behind; a difference under the floor is reported as such and
+never as a ratio. The pairing replaced a range floor over 3 legs, under which one slow sync leg
+hid an 8% gain (the H200, 2026-12-02).
 
 On the CPU this is a smoke check of the procedure with a small workload: the figures go to the
 JSON report and speed decides nothing (host and "device" share one thread, so the async runner
 has nothing to overlap; the graph arm is the padded graph plan run eagerly). With --device cuda
-the gate is red when async is slower than sync by more than the floor on either metric, at
-either concurrency: in the graph arm by any amount beyond the floor, in the eager arm by more
-than EAGER_ARM_ALLOWANCE as well. The veto's verdict (gates/verdict.py) reads the graph arm on
+the gate is red when async is behind sync beyond the floor on either metric, at either
+concurrency: in the graph arm by any amount, in the eager arm by a median loss of more than
+EAGER_ARM_ALLOWANCE as well. The veto's verdict (gates/verdict.py) reads the graph arm on
 CUDA: there a step is one graph replay, the only place the async runner can hide the host (the
 eager step is host-bound, about 1,300 launches a step, and its deltas sit under the floor).
 """
 import pytest
 
 from engine import SamplingParams
-from gates.measure import UNDER_THE_FLOOR, ABResult, timed_leg
+from gates.measure import SPEED_MIN_EFFECT, UNDER_THE_FLOOR, PairedMedianAB, timed_leg
 from gates.workloads import DRAFTERS, PROMPTS, observe_plans
 
 CLAIMS = ("ngram", "block", "concurrency 1", "concurrency 8", "arms interleaved", "sync arm", "async arm",
           "eager arm", "graph arm")
-CONCURRENCIES, MEASURED_LEGS, WARMUP_LEGS = (1, 8), 3, 1
+CONCURRENCIES, MEASURED_LEGS, WARMUP_LEGS = (1, 8), 5, 1  # 5: the paired median's fewest (MIN_LEGS)
 GRAPH_ARMS = ("eager", "graph")
-MAX_TOKENS = {"cpu": 32, "cuda": 128}  # a smoke check on the CPU; closer to steady state on a GPU
+MAX_TOKENS = {"cpu": 16, "cuda": 128}  # a smoke check on the CPU (5 paired legs of it); closer to steady state on a GPU
 ARMS = {"sync": "0", "async": "1"}
 # The eager arm is host-bound: the async runner has no device time to hide its per-step
 # bookkeeping (the results' copy into the pinned ring, an event) behind, so there it may cost up to
@@ -69,32 +73,36 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, for
     if graph and on_cuda:
         assert replayed, "graph arm: no CUDA graph was replayed"
 
-    results = []
+    results, figures = [], []
     for c in CONCURRENCIES:
-        warm = {arm: [leg for leg in legs if leg.concurrency == c and leg.arm == arm and leg.warm] for arm in ARMS}
+        # paired by leg index: leg i of each runner ran back to back
+        warm = {arm: sorted((leg for leg in legs if leg.concurrency == c and leg.arm == arm and leg.warm),
+                            key=lambda leg: leg.index) for arm in ARMS}
         assert all(len(v) == MEASURED_LEGS for v in warm.values()), "an arm is missing measured legs"
-        results.append(ABResult("tpot_ms", c, False, [leg.tpot_ms for leg in warm["sync"]],
-                                [leg.tpot_ms for leg in warm["async"]]))
-        results.append(ABResult("output_tokens_per_s", c, True, [leg.throughput for leg in warm["sync"]],
-                                [leg.throughput for leg in warm["async"]]))
-    figures = [r.as_dict() for r in results]
+        for metric, higher_is_better, value in (("tpot_ms", False, lambda leg: leg.tpot_ms),
+                                                ("output_tokens_per_s", True, lambda leg: leg.throughput)):
+            result = PairedMedianAB(metric, [value(leg) for leg in warm["sync"]], [value(leg) for leg in warm["async"]],
+                                    higher_is_better=higher_is_better, min_effect=SPEED_MIN_EFFECT, relative=True)
+            results.append(result)
+            figures.append({"concurrency": c, **result.as_dict()})
     gate_record.measure(drafter=drafter, device=gate_device, forward=forward, graph_arm=graph_arm,
                         max_tokens=max_tokens, ab=figures,
                         legs=[dict(arm=leg.arm, concurrency=leg.concurrency, index=leg.index, warm=leg.warm,
                                    order=leg.order, seconds=round(leg.seconds, 4), tokens=leg.output_tokens,
-                                   tpot_ms=round(leg.tpot_ms, 4)) for leg in legs])
+                                   tpot_ms=round(leg.tpot_ms, 4), host_ms_per_step=leg.host_ms_per_step)
+                              for leg in legs])
     for f in figures:
         assert (f["result"] == UNDER_THE_FLOOR) == ("ratio" not in f), f"a ratio was reported under the floor: {f}"
     if gate_device.startswith("cuda"):
         worse = [f for r, f in zip(results, figures) if is_regression(r, graph)]
         gate_record.evidence(slower=worse)
-        assert not worse, (f"{graph_arm} arm, {forward} forward: async is slower than sync beyond the noise "
+        assert not worse, (f"{graph_arm} arm, {forward} forward: async is behind sync beyond the "
                            f"floor: {worse}")
 
 
-def is_regression(result: ABResult, graph: bool) -> bool:
-    """Async slower than sync beyond the floor (and, in the eager arm, beyond its allowance)."""
-    loss = -result.delta if result.higher_is_better else result.delta
+def is_regression(result: PairedMedianAB, graph: bool) -> bool:
+    """Async behind sync beyond the floor (and, in the eager arm, by a median loss beyond its allowance)."""
+    loss = -result.median_difference if result.higher_is_better else result.median_difference
     return result.b_is_worse and (graph or loss > EAGER_ARM_ALLOWANCE)
 
 

@@ -15,9 +15,9 @@ and says LIFT only when:
   and the evidence lifts the veto for the forwards it names only;
 - no report has a red or errored gate, on any device;
 - in every CUDA report (every round, every model), speed-ab's graph arm shows async ahead of sync
-  beyond the floor on every A/B (both drafters, c=1 and c=8, TPOT and throughput): a delta under
-  the floor is not a gain; and busy's graph arm keeps the async level at its threshold; each
-  forward's figures count.
+  beyond the floor on every A/B (both drafters, c=1 and c=8, TPOT and throughput; the paired
+  statistic of gates/measure.py): a difference under the floor is not a gain; and busy's graph
+  arm keeps the async level at its threshold; each forward's figures count.
 Otherwise it says KEEP and names each reason. On a machine without CUDA it is always KEEP.
 
 `--record` writes the decision, with what it judged, to engine/veto-evidence.json (or a path given):
@@ -167,13 +167,16 @@ def speed_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
                          f"c={ab['concurrency']} {ab['metric']}")
                 figures.append({"drafter": m.get("drafter"), "forward": forward, "concurrency": ab["concurrency"],
                                 "metric": ab["metric"], "result": ab["result"], "ratio": ab.get("ratio"),
-                                "noise_floor": ab["noise_floor"]})
-                if ab["result"] == UNDER_THE_FLOOR:
-                    out.append(f"{where} under the floor ({ab['noise_floor']:.1%}){where_run}")
-                else:
-                    higher_is_better = ab["metric"] != "tpot_ms"
-                    if not (ab["ratio"] > 1 if higher_is_better else ab["ratio"] < 1):
-                        out.append(f"{where}: async not ahead of sync ({ab['result']}){where_run}")
+                                "interval": ab.get("interval"), "min_effect": ab.get("min_effect")})
+                if "interval" not in ab:
+                    out.append(f"{where}: recorded by an older speed-ab (a range floor over 3 legs), not the "
+                               f"paired statistic: run the gate on this tree{where_run}")
+                elif ab["result"] == UNDER_THE_FLOOR:
+                    out.append(f"{where} under the floor (the interval of the median per-leg change, "
+                               f"{ab['interval'][0]:+.1%} to {ab['interval'][1]:+.1%}, does not clear "
+                               f"+-{ab['min_effect']:.0%}){where_run}")
+                elif ab["result"] != "ahead":
+                    out.append(f"{where}: async behind sync (async/sync = {ab['ratio']:.3f}){where_run}")
     return out, figures
 
 

@@ -131,10 +131,10 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
 
 
 def test_result_ring_copies_each_step_into_its_own_buffer_and_refuses_a_fourth_unread():
-    """The pinned result ring (engine/runner.py): each download lands in the next buffer, the
+    """The pinned result ring (engine/step_result.py): each download lands in the next buffer, the
     event says when it is there, a buffer is refilled only after release, and one more unread
     step than the ring holds is refused rather than overwritten."""
-    from engine.runner import ResultRing
+    from engine.step_result import ResultRing
     ring = ResultRing(max_rows=4, width=5)
     slots = []
     for step in range(ResultRing.DEPTH):

@@ -5,7 +5,6 @@ import pytest
 from gates.measure import (
     BUSY_MIN_EFFECT,
     UNDER_THE_FLOOR,
-    ABResult,
     PairedMedianAB,
     bootstrap_median_interval,
     judge_busy,
@@ -26,8 +25,11 @@ def test_one_collapsed_leg_is_named_and_does_not_hide_the_gain():
     named = {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]}
     assert named == {("sync", 4), ("async", 4), ("async-sync", 4)}
     assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
-    # The range floor this replaces called the same legs noise: the red the H200 saw.
-    assert ABResult("busy", 8, True, H200_SYNC, H200_ASYNC).under_floor
+    # The range floor this replaces ((max - min) / mean, the larger runner's) called the same legs
+    # noise: the red the H200 saw.
+    mean_gain = sum(H200_ASYNC) / sum(H200_SYNC) - 1
+    range_floor = max((max(v) - min(v)) / (sum(v) / len(v)) for v in (H200_SYNC, H200_ASYNC))
+    assert mean_gain < range_floor
 
 
 def test_a_collapsed_leg_among_seven_changes_neither_median_nor_verdict():
@@ -121,15 +123,6 @@ def test_a_consistent_gap_under_one_point_is_under_the_floor_and_a_larger_one_is
     assert clearly.result == "behind" and judge_busy("eager", clearly, None)
 
 
-def test_the_spread_is_the_range_over_the_mean_and_zero_for_all_zero_legs():
-    """speed-ab's noise floor: (max - min) / mean; legs that all measured 0 have no spread (not a
-    division by zero, not a floor that hides every delta). Found by a mutation run of gates.measure."""
-    from gates.measure import spread
-    assert spread([2.0, 4.0]) == pytest.approx(2 / 3)
-    assert spread([5.0]) == 0.0
-    assert spread([0.0, 0.0]) == 0.0
-
-
 @pytest.mark.parametrize("graph, submissions, activities, replays, grouped", [
     (True, 40, 16_000, 31, True),      # 31 replays of ~500 kernels, plus the uploads
     (True, 16_000, 16_000, 31, False),  # no correlation ids: every kernel alone
@@ -160,14 +153,6 @@ def test_an_outlier_is_reported_with_its_leg_value_median_and_distance_rounded_a
 
 
 def test_the_a_b_reports_name_both_runners_and_round_every_figure_to_4_places():
-    from gates.measure import spread
-    d = ABResult("output_tokens_per_s", 8, True, [100.123456, 101.0, 100.5], [90.654321, 91.0, 90.5]).as_dict()
-    assert d["sync_legs"] == [100.1235, 101.0, 100.5] and d["async_legs"] == [90.6543, 91.0, 90.5]
-    assert d["sync_mean"] == round((100.123456 + 101.0 + 100.5) / 3, 4)
-    spreads = spread([100.123456, 101.0, 100.5]), spread([90.654321, 91.0, 90.5])
-    assert (d["sync_spread"], d["async_spread"]) == tuple(round(x, 4) for x in spreads) and 0 < spreads[1] < 0.01
-    assert d["noise_floor"] == round(max(spreads), 4)
-    assert d["result"] == f"async/sync = {d['ratio']:.3f}" and d["ratio"] == pytest.approx(0.9, abs=0.01)
     p = PairedMedianAB("busy", [0.41234567, 0.42, 0.43, 0.44, 0.45], [0.51234567, 0.52, 0.53, 0.54, 0.56]).as_dict()
     assert p["sync_legs"][0] == 0.4123 and p["async_legs"][0] == 0.5123
     assert all(type(v) is float and round(v, 4) == v for v in p["interval"]) and p["interval"][0] < p["interval"][1]

@@ -8,15 +8,16 @@ from types import SimpleNamespace
 import pytest
 
 from gates import measure
-from gates.measure import ABResult, PairedMedianAB, TimedLeg, bootstrap_median_interval, judge_busy, outliers
+from gates.measure import PairedMedianAB, TimedLeg, bootstrap_median_interval, judge_busy, outliers
 
 
 class ScriptedEngine:
     """LLM.add_request / has_unfinished / step on a script: steps[i] maps a request's index to
-    (tokens it emits in step i + 1, whether it finishes then). Each step takes 0.5 s of `clock`."""
+    (tokens it emits in step i + 1, whether it finishes then). Each step takes 0.5 s of `time_source`
+    (`clock` is where timed_leg hands the engine its step clock, as LLM.clock)."""
 
-    def __init__(self, clock, steps):
-        self.clock, self.steps, self.added, self.requests = clock, steps, [], []
+    def __init__(self, time_source, steps):
+        self.time_source, self.steps, self.added, self.requests = time_source, steps, [], []
 
     def add_request(self, prompt, params):
         self.added.append((prompt, params))
@@ -28,7 +29,7 @@ class ScriptedEngine:
         return any(not r.is_finished for r in self.requests)
 
     def step(self):
-        self.clock.now += 0.5
+        self.time_source.now += 0.5
         for i, (tokens, finishes) in self.steps.pop(0).items():
             self.requests[i].output_token_ids += [1] * tokens
             self.requests[i].is_finished = finishes
@@ -59,13 +60,21 @@ def test_a_leg_of_single_token_requests_has_no_time_per_output_token(monkeypatch
         "async", 8, 2, True, 2, 1.0, None)
 
 
-def test_the_speed_a_b_report_states_every_figure_rounded_to_4_places():
-    ab = ABResult("output_tokens_per_s", 8, True, [100.0, 104.0, 102.0], [110.0, 113.0, 112.3])
-    # means 102 and 335.3 / 3; spreads 4 / 102 and 3 / 111.7667; ratio 111.7667 / 102
-    assert ab.as_dict() == {"metric": "output_tokens_per_s", "concurrency": 8,
-                            "sync_legs": [100.0, 104.0, 102.0], "async_legs": [110.0, 113.0, 112.3],
-                            "sync_mean": 102.0, "async_mean": 111.7667, "sync_spread": 0.0392, "async_spread": 0.0268,
-                            "noise_floor": 0.0392, "result": "async/sync = 1.096", "ratio": 1.0958}
+def test_the_speed_a_b_report_states_its_relative_paired_figures_rounded_to_4_places():
+    """Throughput legs where async gains exactly 1/8 on every leg (dyadic legs: the relative
+    differences are exact): the median change, its interval and the ratio are all 1.125."""
+    sync = [96.0, 100.0, 104.0, 112.0, 128.0]
+    ab = PairedMedianAB("output_tokens_per_s", sync, [v * 1.125 for v in sync], min_effect=0.02, relative=True)
+    d = ab.as_dict()
+    assert d["statistic"] == "percentile bootstrap of the median of per-leg relative differences (async / sync - 1)"
+    assert d["sync_legs"] == sync and d["async_legs"] == [108.0, 112.5, 117.0, 126.0, 144.0]
+    assert (d["sync_median"], d["async_median"]) == (104.0, 117.0)
+    assert d["median_difference"] == 0.125 and d["interval"] == [0.125, 0.125] and d["min_effect"] == 0.02
+    assert d["result"] == "ahead" and d["ratio"] == 1.125
+    # lower is better (TPOT): the same gain in time is "ahead" with a ratio under 1
+    tpot = PairedMedianAB("tpot_ms", sync, [v * 0.875 for v in sync], higher_is_better=False, min_effect=0.02,
+                          relative=True).as_dict()
+    assert tpot["result"] == "ahead" and tpot["ratio"] == 0.875
 
 
 def test_the_busy_a_b_report_states_every_figure_rounded_to_4_places():
@@ -140,3 +149,17 @@ def test_a_graph_arm_at_the_level_but_without_a_gain_is_red_for_the_gain_alone()
     assert judge_busy("graph", ab, 0.5) == [
         "the async runner shows no busy-time gain over the sync runner beyond the floor (under the floor): "
         "graph arm: async median 0.5, sync median 0.5, median difference 0.0, 95% interval [0.0, 0.0] over 5 legs"]
+
+
+def test_a_timed_leg_records_the_engine_host_phases_and_gives_the_clock_back(make_llm):
+    """speed-ab's legs carry where the host's time went (a slower runner shows which phase), and
+    the engine keeps no clock after the leg."""
+    from engine import SamplingParams
+    from engine.clock import NullClock
+    llm = make_llm(spec="ngram", num_spec_tokens=4, max_num_seqs=2)
+    leg = measure.timed_leg(llm, ["hello there", "the quick brown fox"], SamplingParams(temperature=0, max_tokens=6),
+                            "async", 2, 1, True)
+    phases = leg.host_ms_per_step
+    assert set(phases) == {"plan", "upload", "launch", "completion", "completion_wait", "total"}
+    assert phases["launch"] > 0 and phases["total"] >= phases["launch"]
+    assert isinstance(llm.clock, NullClock)

@@ -13,12 +13,14 @@ from gates.report import GateReport
 NAMES = tuple(g.name for g in GATES)
 
 
-def ab(metric: str, c: int, ratio: float | None, floor: float = 0.05) -> dict:
-    out = {"metric": metric, "concurrency": c, "noise_floor": floor}
+def ab(metric: str, c: int, ratio: float | None) -> dict:
+    """speed-ab's paired figures for one A/B (gates/measure.py): a ratio only beyond the floor."""
+    out = {"metric": metric, "concurrency": c, "min_effect": 0.02}
     if ratio is None:
-        out["result"] = "under the floor"
+        out.update(result="under the floor", interval=[-0.01, 0.03])
     else:
-        out.update(result=f"async/sync = {ratio:.3f}", ratio=ratio)
+        ahead = ratio > 1 if metric != "tpot_ms" else ratio < 1
+        out.update(result="ahead" if ahead else "behind", ratio=ratio, interval=[ratio - 1.01, ratio - 0.99])
     return out
 
 
@@ -111,10 +113,11 @@ def test_a_gate_with_skipped_tests_on_cuda_is_keep():
 
 def test_speed_under_the_floor_in_the_graph_arm_is_keep():
     figures = speed_figures()
-    figures[1]["ab"][1] = ab("tpot_ms", 8, None, floor=0.059)
+    figures[1]["ab"][1] = ab("tpot_ms", 8, None)
     v = decide([report(speed_ab=gate("speed-ab", measurements=figures))])
     assert v.decision == verdict.KEEP
-    assert v.reasons == ["speed-ab graph arm, reference forward, ngram c=8 tpot_ms under the floor (5.9%)"]
+    assert v.reasons == ["speed-ab graph arm, reference forward, ngram c=8 tpot_ms under the floor (the interval "
+                         "of the median per-leg change, -1.0% to +3.0%, does not clear +-2%)"]
 
 
 def test_speed_under_the_floor_in_the_eager_arm_only_is_still_lift():
@@ -122,9 +125,20 @@ def test_speed_under_the_floor_in_the_eager_arm_only_is_still_lift():
     assert decide([report()]).decision == verdict.LIFT
 
 
+def test_speed_figures_of_an_older_range_floor_are_keep_with_the_reason():
+    figures = speed_figures()
+    figures[1]["ab"][0] = {"metric": "tpot_ms", "concurrency": 1, "noise_floor": 0.05, "result": "async/sync = 0.800",
+                           "ratio": 0.8}
+    v = decide([report(speed_ab=gate("speed-ab", measurements=figures))])
+    assert v.reasons == ["speed-ab graph arm, reference forward, ngram c=1 tpot_ms: recorded by an older speed-ab "
+                         "(a range floor over 3 legs), not the paired statistic: run the gate on this tree"]
+
+
 def test_speed_behind_or_missing_graph_figures_is_keep():
     slower = decide([report(speed_ab=gate("speed-ab", measurements=speed_figures(graph_tpot=1.1)))])
-    assert slower.decision == verdict.KEEP and any("not ahead" in r for r in slower.reasons)
+    assert slower.decision == verdict.KEEP
+    assert "speed-ab graph arm, reference forward, ngram c=1 tpot_ms: async behind sync (async/sync = 1.100)" \
+        in slower.reasons
     eager_only = [m for m in speed_figures() if m["graph_arm"] == "eager"]
     missing = decide([report(speed_ab=gate("speed-ab", measurements=eager_only))])
     assert missing.reasons == ["speed-ab recorded no graph-arm figures"]
@@ -159,14 +173,15 @@ def test_an_unreadable_report_is_a_usage_error(tmp_path, capsys):
 def test_every_round_and_model_counts_not_the_last_report_read():
     """speed-ab under the floor in one round of three is KEEP, whichever round it is."""
     behind = speed_figures()
-    behind[1]["ab"][0] = ab("tpot_ms", 1, None, floor=0.073)
+    behind[1]["ab"][0] = ab("tpot_ms", 1, None)
     for where in range(3):
         rounds = [report() for _ in range(3)]
         rounds[where]["gates"] = [gate("speed-ab", measurements=behind) if g["name"] == "speed-ab" else g
                                   for g in rounds[where]["gates"]]
         v = decide(rounds)
         assert v.decision == verdict.KEEP, where
-        assert v.reasons == [f"speed-ab graph arm, reference forward, ngram c=1 tpot_ms under the floor (7.3%) "
+        assert v.reasons == [f"speed-ab graph arm, reference forward, ngram c=1 tpot_ms under the floor (the "
+                             f"interval of the median per-leg change, -1.0% to +3.0%, does not clear +-2%) "
                              f"(report {where + 1} of 3)"]
 
 

@@ -139,7 +139,7 @@ def test_a_mutant_is_its_file_with_one_function_changed(compare_mutants):
 
 def test_mutant_names_map_to_their_file_and_function():
     assert module_path("gates.compare.xǁDifferenceǁas_dict__mutmut_3") == "gates/compare.py"
-    assert function_of("gates.measure.xǁABResultǁas_dict__mutmut_3") == "xǁABResultǁas_dict"
+    assert function_of("gates.measure.xǁPairedMedianABǁas_dict__mutmut_3") == "xǁPairedMedianABǁas_dict"
 
 
 # ---- the proof's judgement of one mutant, on a tiny tree --------------------------------------------

@@ -27,8 +27,8 @@ def fake_runs(monkeypatch, tmp_path):
         calls.append({"gates": [g.name for g in gates], "json": json_path, "junit": junit_path, "model": model,
                       "device": device, "jobs": jobs})
         cuda = device == "cuda"
-        ahead = [{"metric": m, "concurrency": c, "noise_floor": 0.01, "ratio": r, "result": f"async/sync = {r}"}
-                 for c in (1, 8) for m, r in (("tpot_ms", 0.8), ("output_tokens_per_s", 1.2))]
+        ahead = [{"metric": m, "concurrency": c, "interval": [r - 1.01, r - 0.99], "min_effect": 0.02, "ratio": r,
+                  "result": "ahead"} for c in (1, 8) for m, r in (("tpot_ms", 0.8), ("output_tokens_per_s", 1.2))]
         measurements = {"speed-ab": [{"drafter": d, "forward": f, "graph_arm": "graph", "ab": ahead}
                                      for d in ("ngram", "block") for f in ("reference", "compiled")]}
         results = [GateResult(g.name, status="red" if g.name in red else "green", reason="fake",

@@ -1,0 +1,48 @@
+"""speed-ab's statistic (gates/speed_ab.py, gates/measure.py PairedMedianAB), on synthetic legs: a
+difference under the floor is never a ratio, one slow leg does not hide a consistent gain, and the
+eager arm's allowance never reaches the graph arm."""
+import pytest
+
+from gates.measure import SPEED_MIN_EFFECT, UNDER_THE_FLOOR, PairedMedianAB
+
+
+def speed(metric: str, sync: list[float], asyn: list[float]) -> PairedMedianAB:
+    """speed-ab's statistic (gates/speed_ab.py): paired legs, relative differences, the 2% floor."""
+    return PairedMedianAB(metric, sync, asyn, higher_is_better=metric != "tpot_ms", min_effect=SPEED_MIN_EFFECT,
+                          relative=True)
+
+
+def test_speed_ab_reports_a_difference_under_the_floor_never_as_a_ratio():
+    noisy = speed("output_tokens_per_s", [100, 110, 105, 98, 103], [104, 108, 103, 99, 104])
+    assert noisy.result == UNDER_THE_FLOOR and not noisy.b_is_worse
+    assert noisy.as_dict()["result"] == UNDER_THE_FLOOR and "ratio" not in noisy.as_dict()
+    slower = speed("output_tokens_per_s", [100, 101, 100, 102, 100], [90, 91, 90, 92, 90])
+    assert slower.b_is_worse and slower.as_dict()["ratio"] == pytest.approx(0.9, abs=0.01)
+    faster_tpot = speed("tpot_ms", [10, 10.1, 10, 10.2, 10], [9, 9.05, 9, 9.1, 9])
+    assert faster_tpot.b_is_better and faster_tpot.as_dict()["ratio"] == pytest.approx(0.9, abs=0.01)
+
+
+def test_one_slow_sync_leg_does_not_hide_a_consistent_gain():
+    """The H200's compiled graph arm at c=1 (2026-12-02): TPOT sync 1.703, 1.703, 1.920 against async
+    1.563 x 3, an 8% gain that the range floor (12.2%) called noise; paired, the gain counts."""
+    sync, asyn = [1.7034, 1.7027, 1.92, 1.7031, 1.7029], [1.5633, 1.5628, 1.5633, 1.5630, 1.5631]
+    ab = speed("tpot_ms", sync, asyn)
+    assert ab.result == "ahead" and ab.as_dict()["ratio"] == pytest.approx(0.918, abs=0.002)
+    assert {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]} >= {("sync", 2)}
+
+
+def test_speed_ab_allows_the_eager_arm_its_host_cost_but_never_the_graph_arm():
+    from gates.speed_ab import EAGER_ARM_ALLOWANCE, is_regression
+    # A 2.2% throughput loss, paired and consistent: beyond the floor, inside the eager allowance.
+    small = speed("output_tokens_per_s", [342.9, 338.3, 341.1, 340.0, 339.5], [335.4, 330.9, 333.6, 332.5, 332.0])
+    assert small.b_is_worse and 0 < -small.median_difference < EAGER_ARM_ALLOWANCE
+    assert not is_regression(small, graph=False)
+    assert is_regression(small, graph=True)
+    # Beyond the allowance the eager arm is red too, for either direction of metric: the H200's
+    # compiled eager arm at c=8 (2026-12-02) had TPOT sync 16.8-20.3 against async 22.7-24.6 ms.
+    slow_tpot = speed("tpot_ms", [16.7551, 17.6495, 20.3055, 17.2, 18.0], [22.7039, 23.1372, 24.5656, 23.0, 23.5])
+    slow_rate = speed("output_tokens_per_s", [1000.0, 1001.0, 1002.0, 999.0, 1000.5], [800.0, 801.0, 802.0, 799.0, 800])
+    assert is_regression(slow_tpot, graph=False) and is_regression(slow_rate, graph=False)
+    # Async ahead is never a regression, in either arm.
+    ahead = speed("tpot_ms", [0.52, 0.53, 0.51, 0.52, 0.52], [0.34, 0.35, 0.34, 0.35, 0.34])
+    assert not is_regression(ahead, graph=True) and not is_regression(ahead, graph=False)

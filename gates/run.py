@@ -32,19 +32,23 @@ class _Process:
     log: str = ""
 
 
-def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None) -> list[list[list[Gate]]]:
+def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None,
+         device: str | None = None) -> list[list[list[Gate]]]:
     """Phases of pytest processes: each phase's processes run at once, the phases one after the
     other. One job: one process over every gate, in the order given. More: the untimed gates
     spread over at most `jobs` processes, balanced by their last measured seconds (slowest first);
-    then the timed gates (speed-ab, busy) in one process of their own, with nothing beside them."""
+    then, on CUDA, the timed gates (speed-ab, busy) in one process of their own, with nothing
+    beside them. On the CPU (`device` None or cpu) speed decides nothing (speed-ab is a smoke
+    run there, busy needs CUDA), so the timed gates are balanced with the rest."""
     if jobs <= 1 or len(gates) <= 1:
         return [[list(gates)]]
     known = timings.load() if known is None else known
     order = {g.name: i for i, g in enumerate(gates)}
-    untimed = [g for g in gates if not g.timed]
+    alone = str(device or "cpu").startswith("cuda")
+    untimed = [g for g in gates if not (g.timed and alone)]
     groups = timings.balance(((g, timings.estimate(g.name, known)) for g in untimed), jobs)
     phases = [[sorted(group, key=lambda g: order[g.name]) for group in groups]] if untimed else []
-    timed = [g for g in gates if g.timed]
+    timed = [g for g in gates if g.timed and alone]
     return phases + ([[timed]] if timed else [])
 
 
@@ -68,7 +72,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
     if coverage_dir:
         jobs = 1  # one process: coverage's per-gate contexts land in one data file
     started, t0 = time.time(), time.perf_counter()
-    phases = plan(gates, jobs)
+    phases = plan(gates, jobs, device=device)
     env = dict(os.environ, HYPOTHESIS_PROFILE="deep" if deep else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
     env.setdefault("OMP_NUM_THREADS", "1")
     env = with_repo_on_path(env)

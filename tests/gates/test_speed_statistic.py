@@ -46,3 +46,10 @@ def test_speed_ab_allows_the_eager_arm_its_host_cost_but_never_the_graph_arm():
     # Async ahead is never a regression, in either arm.
     ahead = speed("tpot_ms", [0.52, 0.53, 0.51, 0.52, 0.52], [0.34, 0.35, 0.34, 0.35, 0.34])
     assert not is_regression(ahead, graph=True) and not is_regression(ahead, graph=False)
+
+
+def test_the_ratio_is_rounded_to_4_places_like_every_other_figure():
+    """A gain of exactly 1/3 on every leg: the ratio 4/3 is reported as 1.3333, not 1.33333."""
+    sync = [3.0, 6.0, 9.0, 12.0, 15.0]
+    d = speed("output_tokens_per_s", sync, [v * 4 / 3 for v in sync]).as_dict()
+    assert d["result"] == "ahead" and d["ratio"] == 1.3333 and d["median_difference"] == 0.3333

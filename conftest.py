@@ -59,6 +59,9 @@ def make_llm(target_dir, drafter_dir):
         # engine's default compiles): inductor's compile costs seconds, and under mutation a compiled
         # engine cannot run mutmut's trampolines (dynamo cannot trace them).
         kwargs.setdefault("compile", False)
+        # The eager arm unless a test asks for the graph arm (CUDA's default, engine/config.py): each
+        # test and gate picks its arm, and the arm-parametrized gates judge both.
+        kwargs.setdefault("graph", False)
         kwargs.setdefault("max_model_len", 256)
         kwargs.setdefault("max_num_batched_tokens", 1024)
         if kwargs.get("spec") == "block":

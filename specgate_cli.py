@@ -41,6 +41,10 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="the fused forward compiled by inductor (engine/fused.py), or with --no-compile the "
                     "reference forward (default: compiled on CUDA, the reference on the CPU)")
+    ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                    help="replay each decode step as one captured CUDA graph (the graph arm), or with --no-graph "
+                    "launch its kernels one by one (the eager arm) (default: the graph arm on CUDA, the eager "
+                    "arm on the CPU)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -70,7 +74,7 @@ def _llm(args, **extra):
     max_model_len = _max_model_len(args)
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
                   device=args.device, async_runner=args.async_runner, max_model_len=max_model_len,
-                  max_num_batched_tokens=max(2048, max_model_len), compile=args.compile)
+                  max_num_batched_tokens=max(2048, max_model_len), compile=args.compile, graph=args.graph)
     if args.dtype is not None:
         kwargs["dtype"] = args.dtype
     kwargs.update(extra)
@@ -104,7 +108,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from engine.bench import legs as bench
-    from engine.config import resolve_compile
+    from engine.config import resolve_compile, resolve_graph
     from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
@@ -135,19 +139,19 @@ def cmd_bench(args) -> int:
         print(f"bench: {tag}c={leg.concurrency} leg {leg.index} ({'warm' if leg.warm else 'warm-up'}): "
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0, "device": args.device,
-            "graph": args.graph, "compile": resolve_compile(args.compile, args.device),
+            "graph": resolve_graph(args.graph, args.device), "compile": resolve_compile(args.compile, args.device),
             "max_model_len": _max_model_len(args), "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
         def make(c, script):
             return _llm(args, max_num_seqs=c, spec="oracle" if script else None,
-                        proposer=oracle_proposer(script) if script else None, graph=args.graph)
+                        proposer=oracle_proposer(script) if script else None)
         plain, legs = bench.run_oracle_bench(make, workload, concurrencies, args.legs, args.warmup_legs,
                                              args.oracle_tau, args.num_spec_tokens, terminal, on_leg)
         result = bench.oracle_report(plain, legs, workload, meta | {"oracle_tau": args.oracle_tau})
         _print_summary(result["plain"]["summary"], "plain  ")
     else:
-        legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c, graph=args.graph),
+        legs = bench.run_bench(lambda c: _llm(args, max_num_seqs=c),
                                workload, concurrencies, args.legs,
                                args.warmup_legs, progress=terminal, on_leg=on_leg)
         result = bench.report(legs, workload, meta)
@@ -157,8 +161,8 @@ def cmd_bench(args) -> int:
               f"(asked {args.oracle_tau}), tokens {'equal' if cmp['lossless'] else 'DIFFER from'} the plain run's")
     if args.count_kernels:
         from engine.bench.kernel_count import count_kernels
-        result["kernels"] = {str(c): count_kernels(_llm(args, max_num_seqs=c, spec=None if oracle else args.spec),
-                                                   workload) for c in concurrencies}
+        result["kernels"] = {str(c): count_kernels(_llm(args, max_num_seqs=c, spec=None if oracle else args.spec,
+                                                        graph=False), workload) for c in concurrencies}
         for c, kc in result["kernels"].items():
             n = kc.get("kernels_per_step", kc.get("aten_ops_per_step"))
             print(f"concurrency {c}: {n} {kc['counted']} per decode step ({kc['arm']} arm, {kc['steps']} steps)")
@@ -213,14 +217,14 @@ def _measure_startup(args) -> int:
     """`specgate bench --measure-startup`: building the engine and its first request, cold (an empty
     inductor cache) and warm, each in a fresh child process (engine/bench/startup.py)."""
     from engine.bench.startup import CACHE_STATES, measure_startup
-    from engine.config import resolve_compile
+    from engine.config import resolve_compile, resolve_graph
     max_model_len = _max_model_len(args)
     engine = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args), device=args.device,
                   async_runner=args.async_runner, graph=args.graph, compile=args.compile, max_model_len=max_model_len,
                   max_num_batched_tokens=max(2048, max_model_len), **({"dtype": args.dtype} if args.dtype else {}))
     result = measure_startup(args.model, engine)
     forward = "compiled" if resolve_compile(args.compile, args.device) else "reference"
-    print(f"start-up of {args.model} on {args.device}, the {forward} forward{', graph arm' if args.graph else ''}:")
+    print(f"start-up of {args.model} on {args.device}, the {forward} forward, {'graph' if resolve_graph(args.graph, args.device) else 'eager'} arm:")
     for state in CACHE_STATES:
         m = result[state]
         print(f"  {state}: {m['startup_s']} s (engine {m['engine_s']} s with {m['graphs']} graphs captured, first "
@@ -390,7 +394,6 @@ def main(argv=None) -> int:
     b.add_argument("--model-shape", choices=list(SHAPES), default=None,
                    help="bench the seeded random-weight model of this shape (written to the cache if missing; "
                    "`specgate bench-model write`) instead of --model")
-    b.add_argument("--graph", action="store_true", help="CUDA: replay each step as a CUDA graph (the graph arm)")
     b.add_argument("--model-seed", type=int_at_least(0), default=0, help="its seed (default 0)")
     _engine_args(b)
     b.set_defaults(func=cmd_bench)

@@ -172,6 +172,14 @@ def resolve_compile(compile: bool | None, device: str) -> bool:
     return device.startswith("cuda") if compile is None else compile
 
 
+def resolve_graph(graph: bool | None, device: str) -> bool:
+    """EngineConfig.graph as the engine runs it: as given, or by the device when None."""
+    if graph is not None and not isinstance(graph, bool):
+        raise SpecgateError(f"graph must be True, False or None (None: the graph arm on CUDA, the eager arm on "
+                            f"the CPU), got {graph!r}")
+    return device.startswith("cuda") if graph is None else graph
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the weights. Validated once, here."""
@@ -188,7 +196,11 @@ class EngineConfig:
     num_spec_tokens: int = 4
     drafter: str | None = None
     async_runner: bool | None = None  # None: decided by the veto (engine/veto.py)
-    graph: bool = False
+    # The graph arm: a decode step replays one captured CUDA graph (engine/runner.py). None: resolved
+    # by the device, on for CUDA, where the eager arm is bound by the host launching each kernel (the
+    # compiled forward's eager step took 13 to 21 ms on the 1B shape on the H200, its graph replay
+    # 1.4 ms), off on the CPU (there graph=True plans the padded buckets and runs them eagerly).
+    graph: bool | None = None
     attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference) or "flex" (paged kernel)
     # engine/fused.py: the layers fused and compiled by inductor. None: resolved by the device, the
     # compiled forward on CUDA (where it is the fast path: 1.36 ms a 1B step against the reference's
@@ -233,6 +245,7 @@ class EngineConfig:
             raise SpecgateError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         # resolved once: the runner, the veto and every report read a bool
         object.__setattr__(self, "compile", resolve_compile(self.compile, self.device))
+        object.__setattr__(self, "graph", resolve_graph(self.graph, self.device))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                                 f"got {self.attention_backend!r}")

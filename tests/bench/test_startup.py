@@ -123,10 +123,11 @@ def test_a_child_that_outlives_its_timeout_is_stopped(target_dir):
         startup.measure_startup(target_dir, {"compile": False}, timeout=0.01)
 
 
-@pytest.mark.parametrize("flags, device, forward", [([], "cpu", "reference"), (["--compile"], "cpu", "compiled"),
-                                                    (["--graph"], "cuda", "compiled")])
+@pytest.mark.parametrize("flags, device, forward, arm", [
+    ([], "cpu", "reference", "eager"), (["--compile"], "cpu", "compiled", "eager"), ([], "cuda", "compiled", "graph"),
+    (["--no-graph"], "cuda", "compiled", "eager"), (["--graph"], "cpu", "reference", "graph")])
 def test_the_command_hands_the_engine_s_options_and_prints_cold_then_warm(monkeypatch, capsys, tmp_path, flags,
-                                                                          device, forward):
+                                                                          device, forward, arm):
     from specgate_cli import main
     seen = []
     measured = startup.StartupMeasurement(1.0, 2.0, 0.5, 1.5, 4, 1, 7, "/c").as_dict()
@@ -136,9 +137,10 @@ def test_the_command_hands_the_engine_s_options_and_prints_cold_then_warm(monkey
     assert main(["bench", "--measure-startup", "--spec", "ngram", "--device", device, "--json", str(out), *flags]) == 0
     (engine,) = seen
     assert engine["compile"] == (True if "--compile" in flags else None) and engine["device"] == device
-    assert engine["graph"] is ("--graph" in flags) and engine["spec"] == "ngram"
+    assert engine["graph"] == {"--graph": True, "--no-graph": False}.get(next(iter(flags), None))
+    assert engine["spec"] == "ngram"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("start-up of ") and f"the {forward} forward" in lines[0]
+    assert lines[0].startswith("start-up of ") and f"the {forward} forward, {arm} arm:" in lines[0]
     assert lines[1].startswith("  cold: 2.5 s (engine 1.0 s with 4 graphs captured, first request 2.0 s against "
                                "0.5 s warm; compiling 1.5 s, inductor cache 1 hits, 7 misses)")
     assert lines[2].startswith("  warm: 0.5 s")

@@ -1,11 +1,11 @@
-"""The compiled forward by default on CUDA only (EngineConfig.compile=None resolved by the device),
-and where compiled kernels are kept between runs (engine/compile_cache.py): specgate's cache folder,
+"""The fast path by default on CUDA only: the compiled forward and the graph arm
+(EngineConfig.compile=None and graph=None resolved by the device); and where compiled kernels are kept between runs (engine/compile_cache.py): specgate's cache folder,
 with inductor pointed into it before the engine's first torch.compile."""
 import os
 
 import pytest
 
-from engine.config import EngineConfig, resolve_compile
+from engine.config import EngineConfig, resolve_compile, resolve_graph
 from engine.errors import SpecgateError
 
 
@@ -13,10 +13,13 @@ def engine(**kwargs):
     return EngineConfig(model="unused", **kwargs)
 
 
+@pytest.mark.parametrize("name, resolve", [("compile", resolve_compile), ("graph", resolve_graph)])
 @pytest.mark.parametrize("value", [1, 0, "yes", "auto"])
-def test_resolve_compile_refuses_what_is_not_a_bool_or_none(value):
-    with pytest.raises(SpecgateError, match="^compile must be True, False or None"):
-        resolve_compile(value, "cuda")
+def test_resolve_refuses_what_is_not_a_bool_or_none(name, resolve, value):
+    with pytest.raises(SpecgateError, match=f"^{name} must be True, False or None"):
+        resolve(value, "cuda")
+    with pytest.raises(SpecgateError, match=f"^{name} must be True, False or None"):
+        engine(**{name: value})
 
 
 @pytest.mark.parametrize("compile, device, expected", [
@@ -30,6 +33,16 @@ def test_compile_is_resolved_by_the_device_unless_given(compile, device, expecte
     assert cfg.compile is expected and resolve_compile(compile, device) is expected
     assert cfg.forward == ("compiled" if expected else "reference")
     assert engine(device=device).compile is device.startswith("cuda")
+
+
+@pytest.mark.parametrize("graph, device, expected", [
+    (None, "cpu", False), (None, "cuda", True), (None, "cuda:1", True),
+    (True, "cpu", True), (False, "cuda", False), (False, "cpu", False),
+])
+def test_graph_arm_is_resolved_by_the_device_unless_given(graph, device, expected):
+    """None: the graph arm on CUDA (where the eager arm is bound by kernel launches), the eager arm on
+    the CPU; the config then holds a bool."""
+    assert engine(graph=graph, device=device).graph is expected and resolve_graph(graph, device) is expected
 
 
 def test_specgate_cache_is_the_environment_s_else_the_home_cache(monkeypatch, tmp_path):

@@ -115,6 +115,23 @@ def test_a_gate_whose_engines_never_ran_the_compiled_forward_is_red(tmp_path):
     assert gate["forwards"] == ["reference"]
 
 
+@pytest.mark.parametrize("ignores_compile", [False, True])
+def test_on_cuda_one_judged_forward_is_the_one_the_engines_run(tmp_path, ignores_compile):
+    """--forwards compiled on a cuda device: every engine-building test runs the compiled forward and
+    the gate claims it (a factory that drops compile= leaves the claim unmet: red), never the
+    reference forward under a report that says compiled (seen on the H200, 2026-12-03)."""
+    gate, env = run_axis_gate(tmp_path, device="cuda", forwards="compiled", ignores_compile=ignores_compile)
+    assert env["forwards"] == ["compiled"]
+    if ignores_compile:
+        assert gate["status"] == "red" and gate["reason"] == "claimed but never occurred: compiled forward"
+        return
+    assert gate["status"] == "green", gate["reason"]
+    assert cases_by_test(gate)["test_builds_an_engine[compiled]"] == [
+        {"forward": "compiled", "built": "compiled", "module": "compiled"}]
+    assert "test_builds_an_engine" not in cases_by_test(gate)
+    assert gate["forwards"] == ["compiled"] and gate["claims"]["compiled forward"] is True
+
+
 def test_forwards_the_session_cannot_judge_are_refused(tmp_path):
     gate, _ = run_axis_gate(tmp_path, forwards="reference,fused")
     assert gate["status"] == "error"

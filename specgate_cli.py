@@ -224,7 +224,8 @@ def _measure_startup(args) -> int:
                   max_num_batched_tokens=max(2048, max_model_len), **({"dtype": args.dtype} if args.dtype else {}))
     result = measure_startup(args.model, engine)
     forward = "compiled" if resolve_compile(args.compile, args.device) else "reference"
-    print(f"start-up of {args.model} on {args.device}, the {forward} forward, {'graph' if resolve_graph(args.graph, args.device) else 'eager'} arm:")
+    arm = "graph" if resolve_graph(args.graph, args.device) else "eager"
+    print(f"start-up of {args.model} on {args.device}, the {forward} forward, {arm} arm:")
     for state in CACHE_STATES:
         m = result[state]
         print(f"  {state}: {m['startup_s']} s (engine {m['engine_s']} s with {m['graphs']} graphs captured, first "

@@ -4,10 +4,14 @@ that runner's policy (engine/policy.py: what the two runners do differently).
 Speculative decoding with the async runner is refused unless evidence says it is safe: the
 committed evidence file (engine/veto-evidence.json, written by `specgate gates verdict --record`
 after the gates ran on a GPU) lifts the veto when it says LIFT for this very engine (the sha256 of
-every engine/ source file it judged equals this engine's), for the device kind and the forward
-(reference or compiled) the run uses. Any edit to an engine file re-arms the veto until the gates
-run again: the evidence is then stale, and one log line says so and how to refresh it. The engine
-reads the file as data and imports nothing from the gates.
+every engine/ source file it judged equals this engine's), for the device kind, the forward
+(reference or compiled) and the arm (graph or eager) the run uses. The verdict lifts the graph arm
+only: there a step is one replay and the async runner hides the host's work behind it (ahead of
+sync beyond the floor in every A/B on the H200), while the eager arm is bound by the host
+launching kernels and async never gained there (under the floor, or behind at c=1). Any edit to
+an engine file re-arms the veto until the gates run again: the evidence is then stale, and one log
+line says so and how to refresh it. The engine reads the file as data and imports nothing from
+the gates.
 
 VT_ASYNC_RUNNER=1 or LLM(..., async_runner=True) lifts the veto for a run whatever the evidence,
 VT_ASYNC_RUNNER=0 or async_runner=False forces the sync runner. Plain decoding runs async by default.
@@ -28,7 +32,7 @@ ENGINE_DIR = Path(__file__).resolve().parent
 EVIDENCE_FILE = ENGINE_DIR / "veto-evidence.json"
 LIFT, KEEP = "LIFT", "KEEP"
 REFRESH = ("run the gates on a GPU (scripts/gpu-check.sh env gates verdict), then "
-           "`specgate gates verdict --record REPORT.json ...`")
+           "`specgate gates verdict REPORT.json ... --record`")
 
 
 def source_hash(root: Path, suffixes: tuple[str, ...] = (".py",)) -> str:
@@ -51,6 +55,7 @@ class Evidence:
     engine_sha256: str             # engine_source_hash() of the engine the gates ran
     devices: tuple[str, ...]       # device kinds the gates ran on ("cuda")
     forwards: tuple[str, ...]      # forwards the gates judged: "reference" (compile=False), "compiled"
+    arms: tuple[str, ...] = ()     # arms the decision covers: "graph" (graph=True), "eager"; none: no arm
 
     @classmethod
     def read(cls, path: Path) -> "Evidence":
@@ -62,7 +67,8 @@ class Evidence:
         if not isinstance(raw, dict):
             raise ValueError(f"{path} is not a JSON object")
         try:
-            out = cls(raw["decision"], raw["engine_sha256"], tuple(raw["devices"]), tuple(raw["forwards"]))
+            out = cls(raw["decision"], raw["engine_sha256"], tuple(raw["devices"]), tuple(raw["forwards"]),
+                      tuple(raw.get("arms", ())))  # evidence from before arms were recorded lifts no arm
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path} lacks {e} (it must hold decision, engine_sha256, devices, forwards)") from None
         if out.decision not in (LIFT, KEEP):
@@ -70,9 +76,10 @@ class Evidence:
         return out
 
 
-def evidence_refusal(device: str, compiled: bool, path: Path | None = None, root: Path | None = None) -> str | None:
-    """None when the evidence lifts the veto for a run on `device` with this forward; otherwise
-    why it does not, in one line."""
+def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None = None,
+                     root: Path | None = None) -> str | None:
+    """None when the evidence lifts the veto for a run on `device` with this forward and arm;
+    otherwise why it does not, in one line."""
     path = Path(path or EVIDENCE_FILE)
     if not path.is_file():
         return f"no veto evidence ({path.name} is missing): {REFRESH}"
@@ -91,11 +98,16 @@ def evidence_refusal(device: str, compiled: bool, path: Path | None = None, root
     forward = "compiled" if compiled else "reference"
     if forward not in evidence.forwards:
         return f"the veto evidence judged the {' and '.join(evidence.forwards)} forward, not the {forward} one"
+    arm = "graph" if graph else "eager"
+    if arm not in evidence.arms:
+        covers = f"the {' and '.join(evidence.arms)} arm" if evidence.arms else "no arm"
+        return (f"the veto evidence lifts {covers}, not the {arm} arm (the async runner gains only where a "
+                f"step is one graph replay: docs/async-runner.md)")
     return None
 
 
 def use_async_runner(spec: str | None, requested: bool | None, device: str = "cpu", compiled: bool = False,
-                     evidence: Path | None = None) -> bool:
+                     graph: bool = False, evidence: Path | None = None) -> bool:
     env = os.environ.get(ENV_VAR)
     if env not in (None, "", "0", "1"):
         raise SpecgateError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
@@ -106,7 +118,7 @@ def use_async_runner(spec: str | None, requested: bool | None, device: str = "cp
     if requested is False:
         return False
     if spec is not None:
-        why = evidence_refusal(device, compiled, evidence)
+        why = evidence_refusal(device, compiled, graph, evidence)
         if why is None:
             log.info("async runner for speculative decoding (spec=%s): the veto is lifted by %s", spec,
                      Path(evidence or EVIDENCE_FILE).name)
@@ -118,5 +130,5 @@ def use_async_runner(spec: str | None, requested: bool | None, device: str = "cp
 
 
 def runner_policy(spec: str | None, requested: bool | None, device: str = "cpu",
-                  compiled: bool = False) -> RunnerPolicy:
-    return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled))
+                  compiled: bool = False, graph: bool = False) -> RunnerPolicy:
+    return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled, graph))

@@ -66,10 +66,13 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
     verdict.add_argument("-v", "--verbose", action="store_true", help="also list every gate run read")
     verdict.add_argument("--allow-mixed-trees", action="store_true",
                          help="combine reports that judged different source trees (refused by default)")
-    verdict.add_argument("--record", nargs="?", type=output_file, const=str(EVIDENCE_FILE), default=None,
-                         metavar="FILE", help="write the decision and what it judged to the evidence file the "
-                         "engine reads (default engine/veto-evidence.json): the veto lifts by default only for "
-                         "that engine's sources, device kinds and forwards")
+    # A flag, not an optional value: `--record REPORT.json ...` once wrote the evidence over the first
+    # report (2026-12-03); the file is --evidence's.
+    verdict.add_argument("--record", action="store_true", help="write the decision and what it judged to the "
+                         "evidence file the engine reads: the veto lifts by default only for that engine's "
+                         "sources, device kinds, forwards and arms")
+    verdict.add_argument("--evidence", type=output_file, default=str(EVIDENCE_FILE), metavar="FILE",
+                         help="with --record, the evidence file to write (default engine/veto-evidence.json)")
     verdict.set_defaults(func=cmd_verdict)
     decide = sub.add_parser("decide", help="the whole decision, what `make gates` runs: every gate (on the GPU "
                             "when there is one), with --bench1b the 1B shape's gates too, then the verdict")
@@ -148,6 +151,10 @@ def default_json(names: list[str]) -> str:
 
 def cmd_verdict(args) -> int:
     from gates import verdict
+    if args.record and any(Path(r).resolve() == Path(args.evidence).resolve() for r in args.reports):
+        print(f"specgate: error: --evidence {args.evidence} is one of the reports read: the evidence would "
+              f"overwrite it", file=sys.stderr)
+        return 2
     try:
         reports = verdict.load(args.reports)
     except ValueError as e:
@@ -155,7 +162,7 @@ def cmd_verdict(args) -> int:
         return 2
     try:
         v = verdict.decide(reports, allow_mixed=args.allow_mixed_trees, report_names=list(args.reports))
-        recorded = verdict.record(v, reports, list(args.reports), Path(args.record)) if args.record else None
+        recorded = verdict.record(v, reports, list(args.reports), Path(args.evidence)) if args.record else None
     except ValueError as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return 2

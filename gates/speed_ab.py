@@ -11,11 +11,14 @@ hid an 8% gain (the H200, 2026-12-02).
 On the CPU this is a smoke check of the procedure with a small workload: the figures go to the
 JSON report and speed decides nothing (host and "device" share one thread, so the async runner
 has nothing to overlap; the graph arm is the padded graph plan run eagerly). With --device cuda
-the gate is red when async is behind sync beyond the floor on either metric, at either
-concurrency: in the graph arm by any amount, in the eager arm by a median loss of more than
-EAGER_ARM_ALLOWANCE as well. The veto's verdict (gates/verdict.py) reads the graph arm on
-CUDA: there a step is one graph replay, the only place the async runner can hide the host (the
-eager step is host-bound, about 1,300 launches a step, and its deltas sit under the floor).
+the gate is red when, in the graph arm, async is behind sync beyond the floor on either metric,
+at either concurrency, by any amount; the veto's verdict (gates/verdict.py) also wants it ahead
+beyond the floor there. The graph arm is what the veto lifts (engine/veto.py) and CUDA's default:
+a step is one graph replay, the only place the async runner can hide the host. The eager arm's
+A/Bs are measured and reported, and decide nothing: that step is bound by the host launching
+its kernels (13 to 21 ms a 1B step compiled), async never gained there on the H200 (under the
+floor, or a few percent behind at c=1, with per-leg spreads up to 30%), so the veto keeps the
+sync runner in the eager arm.
 """
 import pytest
 
@@ -29,13 +32,6 @@ CONCURRENCIES, MEASURED_LEGS, WARMUP_LEGS = (1, 8), 5, 1  # 5: the paired median
 GRAPH_ARMS = ("eager", "graph")
 MAX_TOKENS = {"cpu": 16, "cuda": 128}  # a smoke check on the CPU (5 paired legs of it); closer to steady state on a GPU
 ARMS = {"sync": "0", "async": "1"}
-# The eager arm is host-bound: the async runner has no device time to hide its per-step
-# bookkeeping (the results' copy into the pinned ring, an event) behind, so there it may cost up to
-# this fraction of sync's speed before the gate calls it a regression. On the H200 (fixtures,
-# 06d5d2c) async ran 0 to 9% behind sync in the eager arm, once beyond a tight 3-leg floor (2.2%
-# at c=1), while it ran 10 to 42% ahead in the graph arm. The graph arm, which decides the veto,
-# gets no allowance.
-EAGER_ARM_ALLOWANCE = 0.10
 
 
 def workload(concurrency: int) -> list[str]:
@@ -93,17 +89,18 @@ def test_sync_against_async(make_llm, gate_record, gate_device, monkeypatch, for
                               for leg in legs])
     for f in figures:
         assert (f["result"] == UNDER_THE_FLOOR) == ("ratio" not in f), f"a ratio was reported under the floor: {f}"
-    if gate_device.startswith("cuda"):
-        worse = [f for r, f in zip(results, figures) if is_regression(r, graph)]
+    if gate_device.startswith("cuda") and graph:
+        worse = [f for r, f in zip(results, figures) if r.b_is_worse]
         gate_record.evidence(slower=worse)
-        assert not worse, (f"{graph_arm} arm, {forward} forward: async is behind sync beyond the "
-                           f"floor: {worse}")
+        assert not worse, (f"graph arm, {forward} forward, {drafter} drafter: async is behind sync beyond the floor: "
+                           + "; ".join(behind_line(f) for f in worse))
 
 
-def is_regression(result: PairedMedianAB, graph: bool) -> bool:
-    """Async behind sync beyond the floor (and, in the eager arm, by a median loss beyond its allowance)."""
-    loss = -result.median_difference if result.higher_is_better else result.median_difference
-    return result.b_is_worse and (graph or loss > EAGER_ARM_ALLOWANCE)
+def behind_line(figure: dict) -> str:
+    """One A/B where async is behind, as a reviewer reads it."""
+    low, high = figure["interval"]
+    return (f"c={figure['concurrency']} {figure['metric']} async/sync {figure['ratio']:.3f} (median per-leg "
+            f"change {low:+.1%} to {high:+.1%})")
 
 
 def interleaved(legs) -> bool:

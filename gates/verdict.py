@@ -222,6 +222,9 @@ def evidence(v: Verdict, reports: list[GateReport], names: list[str]) -> dict:
     return {"decision": v.decision, "engine_sha256": engine,
             "devices": sorted({"cuda"} if cuda else set()),
             "forwards": list(v.forwards),
+            # The arm the verdict judged: speed-ab's and busy's graph arm. The eager arm is never
+            # lifted (engine/veto.py says why).
+            "arms": [DECIDING_ARM] if v.decision == LIFT else [],
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "commit": env.get("commit"), "device_name": env.get("device_name"), "torch": env.get("torch"),
             "sources": env.get("sources"),

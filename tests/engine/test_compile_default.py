@@ -1,6 +1,7 @@
 """The fast path by default on CUDA only: the compiled forward and the graph arm
-(EngineConfig.compile=None and graph=None resolved by the device); and where compiled kernels are kept between runs (engine/compile_cache.py): specgate's cache folder,
-with inductor pointed into it before the engine's first torch.compile."""
+(EngineConfig.compile=None and graph=None resolved by the device); and where compiled kernels are
+kept between runs (engine/compile_cache.py): specgate's cache folder, with inductor pointed into
+it before the engine's first torch.compile."""
 import os
 
 import pytest

@@ -253,7 +253,7 @@ def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
     with caplog.at_level(logging.WARNING, logger="specgate"):
         assert use_async_runner(spec, None) is False  # on the CPU: no evidence covers a CPU run
     assert [r.getMessage() for r in caplog.records] == [
-        f"async runner vetoed for speculative decoding (spec={spec}): {evidence_refusal('cpu', False)}; using "
+        f"async runner vetoed for speculative decoding (spec={spec}): {evidence_refusal('cpu', False, False)}; using "
         "the sync runner (--async-runner, VT_ASYNC_RUNNER=1 or async_runner=True lifts it for a run)"]
 
 

@@ -1,6 +1,7 @@
 """The veto lifted by committed evidence and re-armed by any engine edit (engine/veto.py): evidence
-that says LIFT for this engine's very sources lifts it for the device kinds and forwards it judged;
-an edit to any engine file, KEEP, a missing or malformed file, another device or forward keep it,
+that says LIFT for this engine's very sources lifts it for the device kinds, forwards and arms it
+covers; an edit to any engine file, KEEP, a missing or malformed file, another device, forward or arm
+keep it,
 each with one line that says why; the runner flags and VT_ASYNC_RUNNER override either way."""
 import json
 import logging
@@ -16,7 +17,7 @@ ENGINE = Path(veto.__file__).resolve().parent
 
 def write_evidence(path: Path, root: Path | None = None, **overrides) -> Path:
     data = {"decision": "LIFT", "engine_sha256": veto.engine_source_hash(root), "devices": ["cuda"],
-            "forwards": ["reference"]} | overrides
+            "forwards": ["reference"], "arms": ["graph"]} | overrides
     path.write_text(json.dumps(data))
     return path
 
@@ -35,7 +36,7 @@ def engine_copy(tmp_path, monkeypatch):
 def test_fresh_lift_evidence_lifts_the_veto_for_spec_decoding_on_cuda(engine_copy, caplog):
     write_evidence(veto.EVIDENCE_FILE, engine_copy)
     with caplog.at_level(logging.INFO, logger="specgate"):
-        assert veto.runner_policy("ngram", None, device="cuda:0").is_async
+        assert veto.runner_policy("ngram", None, device="cuda:0", graph=True).is_async
     assert "the veto is lifted by veto-evidence.json" in caplog.text
 
 
@@ -46,8 +47,9 @@ def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_c
     with (engine_copy / name).open("a") as f:
         f.write("\n# an edit\n")
     with caplog.at_level(logging.WARNING, logger="specgate"):
-        assert not veto.runner_policy("block", None, device="cuda").is_async
-    assert "the veto evidence is stale" in caplog.text and "specgate gates verdict --record" in caplog.text
+        assert not veto.runner_policy("block", None, device="cuda", graph=True).is_async
+    assert "the veto evidence is stale" in caplog.text
+    assert "specgate gates verdict REPORT.json ... --record" in caplog.text
 
 
 @pytest.mark.parametrize("content, why", [
@@ -61,27 +63,37 @@ def test_a_missing_or_malformed_file_keeps_the_veto_and_says_why(engine_copy, co
     if content is not None:
         veto.EVIDENCE_FILE.write_text(content)
     with caplog.at_level(logging.WARNING, logger="specgate"):
-        assert not veto.runner_policy("ngram", None, device="cuda").is_async
+        assert not veto.runner_policy("ngram", None, device="cuda", graph=True).is_async
     assert why in caplog.text and "using the sync runner" in caplog.text
 
 
-@pytest.mark.parametrize("overrides, device, compiled, why", [
-    ({"decision": "KEEP"}, "cuda", False, "the veto evidence says KEEP"),
-    ({}, "cpu", False, "covers cuda runs, not cpu"),
-    ({}, "cuda", True, "judged the reference forward, not the compiled one"),
-    ({"devices": []}, "cuda", False, "covers  runs, not cuda"),
-])
-def test_evidence_keeps_the_veto_outside_what_it_judged(engine_copy, overrides, device, compiled, why):
+@pytest.mark.parametrize("overrides, device, compiled, graph, why", [
+    ({"decision": "KEEP"}, "cuda", False, True, "the veto evidence says KEEP"),
+    ({}, "cpu", False, True, "covers cuda runs, not cpu"),
+    ({}, "cuda", True, True, "judged the reference forward, not the compiled one"),
+    ({"devices": []}, "cuda", False, True, "covers  runs, not cuda"),
+    ({}, "cuda", False, False, "lifts the graph arm, not the eager arm"),
+    ({"arms": []}, "cuda", False, True, "lifts no arm, not the graph arm"),
+], ids=["keep", "cpu", "compiled", "no-device", "eager-arm", "no-arm"])
+def test_evidence_keeps_the_veto_outside_what_it_judged(engine_copy, overrides, device, compiled, graph, why):
     write_evidence(veto.EVIDENCE_FILE, engine_copy, **overrides)
-    assert why in veto.evidence_refusal(device, compiled)
-    assert not veto.use_async_runner("ngram", None, device, compiled)
+    assert why in veto.evidence_refusal(device, compiled, graph)
+    assert not veto.use_async_runner("ngram", None, device, compiled, graph)
+
+
+def test_evidence_from_before_arms_were_recorded_lifts_no_arm(engine_copy):
+    data = json.loads(write_evidence(veto.EVIDENCE_FILE, engine_copy).read_text())
+    del data["arms"]
+    veto.EVIDENCE_FILE.write_text(json.dumps(data))
+    assert "lifts no arm" in veto.evidence_refusal("cuda", False, True)
 
 
 def test_the_flags_and_the_environment_override_the_evidence_either_way(engine_copy, monkeypatch):
     write_evidence(veto.EVIDENCE_FILE, engine_copy)
-    assert not veto.use_async_runner("ngram", False, "cuda")            # async_runner=False
+    assert veto.use_async_runner("ngram", None, "cuda", graph=True)     # the evidence lifts it
+    assert not veto.use_async_runner("ngram", False, "cuda", graph=True)  # async_runner=False
     monkeypatch.setenv(veto.ENV_VAR, "0")
-    assert not veto.use_async_runner("ngram", None, "cuda")             # VT_ASYNC_RUNNER=0 beats LIFT
+    assert not veto.use_async_runner("ngram", None, "cuda", graph=True)   # VT_ASYNC_RUNNER=0 beats LIFT
     veto.EVIDENCE_FILE.unlink()
     monkeypatch.setenv(veto.ENV_VAR, "1")
     assert veto.use_async_runner("ngram", None, "cuda")                 # VT_ASYNC_RUNNER=1 without evidence
@@ -100,10 +112,12 @@ def test_the_hash_covers_every_python_file_and_nothing_else(engine_copy):
     assert veto.engine_source_hash() != before
 
 
-def test_the_llm_hands_the_veto_its_device_and_forward(make_llm, monkeypatch, tmp_path):
-    """LLM(...) asks the veto with its own device and forward: evidence for CPU runs of the
-    reference forward lifts an ngram engine, and keeps the veto for the same engine compiled."""
+def test_the_llm_hands_the_veto_its_device_forward_and_arm(make_llm, monkeypatch, tmp_path):
+    """LLM(...) asks the veto with its own device, forward and arm: evidence for CPU runs of the
+    reference forward's graph arm lifts an ngram engine there, and keeps the veto for the same
+    engine compiled or in the eager arm."""
     monkeypatch.delenv(veto.ENV_VAR, raising=False)
     monkeypatch.setattr(veto, "EVIDENCE_FILE", write_evidence(tmp_path / "veto-evidence.json", devices=["cpu"]))
-    assert make_llm(spec="ngram").is_async
-    assert not make_llm(spec="ngram", compile=True).is_async
+    assert make_llm(spec="ngram", graph=True).is_async
+    assert not make_llm(spec="ngram", graph=True, compile=True).is_async
+    assert not make_llm(spec="ngram", graph=False).is_async

@@ -31,21 +31,18 @@ def test_one_slow_sync_leg_does_not_hide_a_consistent_gain():
     assert {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]} >= {("sync", 2)}
 
 
-def test_speed_ab_allows_the_eager_arm_its_host_cost_but_never_the_graph_arm():
-    from gates.speed_ab import EAGER_ARM_ALLOWANCE, is_regression
-    # A 2.2% throughput loss, paired and consistent: beyond the floor, inside the eager allowance.
-    small = speed("output_tokens_per_s", [342.9, 338.3, 341.1, 340.0, 339.5], [335.4, 330.9, 333.6, 332.5, 332.0])
-    assert small.b_is_worse and 0 < -small.median_difference < EAGER_ARM_ALLOWANCE
-    assert not is_regression(small, graph=False)
-    assert is_regression(small, graph=True)
-    # Beyond the allowance the eager arm is red too, for either direction of metric: the H200's
-    # compiled eager arm at c=8 (2026-12-02) had TPOT sync 16.8-20.3 against async 22.7-24.6 ms.
-    slow_tpot = speed("tpot_ms", [16.7551, 17.6495, 20.3055, 17.2, 18.0], [22.7039, 23.1372, 24.5656, 23.0, 23.5])
-    slow_rate = speed("output_tokens_per_s", [1000.0, 1001.0, 1002.0, 999.0, 1000.5], [800.0, 801.0, 802.0, 799.0, 800])
-    assert is_regression(slow_tpot, graph=False) and is_regression(slow_rate, graph=False)
-    # Async ahead is never a regression, in either arm.
+def test_speed_ab_names_each_a_b_where_async_is_behind_in_one_line():
+    """The graph arm's red line: concurrency, metric, the ratio and the interval of the median
+    per-leg change, never the statistic's whole record (the H200's 2026-12-03 verdict quoted it raw)."""
+    from gates.speed_ab import behind_line
+    slow = speed("tpot_ms", [16.7551, 17.6495, 20.3055, 17.2, 18.0], [22.7039, 23.1372, 24.5656, 23.0, 23.5])
+    assert slow.b_is_worse
+    line = behind_line({"concurrency": 8, **slow.as_dict()})
+    low, high = slow.as_dict()["interval"]
+    assert line == (f"c=8 tpot_ms async/sync {slow.as_dict()['ratio']:.3f} (median per-leg change {low:+.1%} to "
+                    f"{high:+.1%})")
     ahead = speed("tpot_ms", [0.52, 0.53, 0.51, 0.52, 0.52], [0.34, 0.35, 0.34, 0.35, 0.34])
-    assert not is_regression(ahead, graph=True) and not is_regression(ahead, graph=False)
+    assert not ahead.b_is_worse
 
 
 def test_the_ratio_is_rounded_to_4_places_like_every_other_figure():

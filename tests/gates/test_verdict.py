@@ -7,67 +7,7 @@ import pytest
 
 from gates import verdict
 from gates.cli import main
-from gates.registry import GATES
-from gates.report import GateReport
-
-NAMES = tuple(g.name for g in GATES)
-
-
-def ab(metric: str, c: int, ratio: float | None) -> dict:
-    """speed-ab's paired figures for one A/B (gates/measure.py): a ratio only beyond the floor."""
-    out = {"metric": metric, "concurrency": c, "min_effect": 0.02}
-    if ratio is None:
-        out.update(result="under the floor", interval=[-0.01, 0.03])
-    else:
-        ahead = ratio > 1 if metric != "tpot_ms" else ratio < 1
-        out.update(result="ahead" if ahead else "behind", ratio=ratio, interval=[ratio - 1.01, ratio - 0.99])
-    return out
-
-
-def speed_figures(graph_tpot=0.8, graph_tps=1.25) -> list[dict]:
-    """Per forward (reference first), per drafter (ngram first): the eager arm, then the graph arm."""
-    out = []
-    for forward in ("reference", "compiled"):
-        for drafter in ("ngram", "block"):
-            out.append({"drafter": drafter, "device": "cuda", "forward": forward, "graph_arm": "eager",
-                        "ab": [ab(m, c, None) for c in (1, 8) for m in ("tpot_ms", "output_tokens_per_s")]})
-            out.append({"drafter": drafter, "device": "cuda", "forward": forward, "graph_arm": "graph",
-                        "ab": [ab("tpot_ms", c, graph_tpot) for c in (1, 8)]
-                        + [ab("output_tokens_per_s", c, graph_tps) for c in (1, 8)]})
-    return out
-
-
-def gate(name: str, status: str = "green", skipped_tests: int = 0, measurements=None, reason="8 cases") -> dict:
-    tests = [{"nodeid": f"{name}::t{i}", "outcome": "passed"} for i in range(2)]
-    tests += [{"nodeid": f"{name}::s{i}", "outcome": "skipped"} for i in range(skipped_tests)]
-    return {"name": name, "status": status, "reason": reason, "tests": tests,
-            "measurements": measurements if measurements is not None
-            else (speed_figures() if name == "speed-ab" else [])}
-
-
-TREE = {"engine": "e" * 64, "gates": "g" * 64, "fixtures": "f" * 64}
-
-
-def report(device: str = "cuda", cuda: bool = True, sources=TREE, forwards=("reference", "compiled"),
-           **overrides) -> dict:
-    """A report whose gates name no forwards of their own: the environment's count for them."""
-    gates = [overrides.get(n.replace("-", "_")) or gate(n) for n in NAMES]
-    return {"environment": {"cuda": cuda, "device": device, "sources": sources, "forwards": list(forwards)},
-            "gates": gates}
-
-
-def cpu_report() -> dict:
-    gates = [gate(g.name, "skipped", reason="needs CUDA: torch.cuda.is_available() is False")
-             if g.needs == "cuda" else gate(g.name) for g in GATES]
-    for g in gates:
-        if g["name"] == "speed-ab":
-            g["measurements"] = [{**m, "device": "cpu"} for m in g["measurements"]]
-    return {"environment": {"cuda": False, "device": "cpu", "sources": TREE}, "gates": gates}
-
-
-def decide(reports: list[dict], **kwargs) -> verdict.Verdict:
-    """The verdict of reports written as their JSON."""
-    return verdict.decide([GateReport.from_json(r) for r in reports], **kwargs)
+from helpers.gate_reports import TREE, ab, cpu_report, decide, gate, report, speed_figures
 
 
 def test_every_gate_green_on_cuda_with_the_graph_arm_ahead_is_lift():
@@ -227,28 +167,6 @@ def test_a_report_that_recorded_no_sources_is_not_combined_with_one_that_did():
     del bare["environment"]["sources"]
     with pytest.raises(verdict.MixedTrees, match="unrecorded"):
         decide([report(), bare])
-
-
-def test_record_writes_evidence_the_engine_reads_for_this_engine_only(tmp_path, capsys, monkeypatch):
-    from engine import veto
-    monkeypatch.delenv(veto.ENV_VAR, raising=False)
-    this = {**TREE, "engine": veto.engine_source_hash()}
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(report(sources=this)))
-    evidence = tmp_path / "veto-evidence.json"
-    assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 0
-    assert f"wrote {evidence} (LIFT for engine {this['engine'][:12]})" in capsys.readouterr().out
-    written = json.loads(evidence.read_text())
-    assert (written["decision"], written["devices"], written["forwards"]) == ("LIFT", ["cuda"],
-                                                                              ["reference", "compiled"])
-    assert written["figures"]["speed-ab"] and written["reports"][0]["gates"]["busy"] == "green"
-    assert {f["forward"] for f in written["figures"]["speed-ab"]} == {"reference", "compiled"}
-    assert veto.evidence_refusal("cuda", False, evidence) is None
-    assert veto.evidence_refusal("cuda", True, evidence) is None  # compile=True, CUDA's default, is lifted too
-    assert veto.use_async_runner("ngram", None, "cuda", evidence=evidence)
-    path.write_text(json.dumps(report()))  # another engine's report
-    assert main(["gates", "verdict", str(path), "--record", str(evidence)]) == 2
-    assert "this tree's engine is" in capsys.readouterr().err
 
 
 FORWARD_GATES = ("lossless", "combine", "emit-count", "reason-a", "predicate-split", "speed-ab", "busy", "no-sync")

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import FORWARDS
 from engine.errors import SpecgateError
 from engine.policy import RunnerPolicy
 
@@ -31,6 +32,7 @@ ENV_VAR = "VT_ASYNC_RUNNER"
 ENGINE_DIR = Path(__file__).resolve().parent
 EVIDENCE_FILE = ENGINE_DIR / "veto-evidence.json"
 LIFT, KEEP = "LIFT", "KEEP"
+DEVICE_KINDS, ARMS = ("cpu", "cuda"), ("eager", "graph")  # what evidence may name (engine/config.py's words)
 REFRESH = ("run the gates on a GPU (scripts/gpu-check.sh env gates verdict), then "
            "`specgate gates verdict REPORT.json ... --record`")
 
@@ -73,11 +75,14 @@ class Evidence:
             raise ValueError(f"{path} lacks {e} (it must hold decision, engine_sha256, devices, forwards)") from None
         if out.decision not in (LIFT, KEEP):
             raise ValueError(f"{path}: decision must be {LIFT} or {KEEP}, got {out.decision!r}")
+        for field, known in (("devices", DEVICE_KINDS), ("forwards", FORWARDS), ("arms", ARMS)):
+            unknown = sorted(set(getattr(out, field)) - set(known))
+            if unknown:
+                raise ValueError(f"{path}: {field} names {unknown}, not among {list(known)}")
         return out
 
 
-def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None = None,
-                     root: Path | None = None) -> str | None:
+def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None = None) -> str | None:
     """None when the evidence lifts the veto for a run on `device` with this forward and arm;
     otherwise why it does not, in one line."""
     path = Path(path or EVIDENCE_FILE)
@@ -89,9 +94,10 @@ def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None
         return f"the veto evidence is unusable ({e}): {REFRESH}"
     if evidence.decision != LIFT:
         return f"the veto evidence says {evidence.decision} ({path.name})"
-    if evidence.engine_sha256 != engine_source_hash(root):
+    this_engine = engine_source_hash()
+    if evidence.engine_sha256 != this_engine:
         return (f"the veto evidence is stale: it judged engine {evidence.engine_sha256[:12]}, this engine's sources "
-                f"are {engine_source_hash(root)[:12]} (an engine file changed since): {REFRESH}")
+                f"are {this_engine[:12]} (an engine file changed since): {REFRESH}")
     kind = device.split(":")[0]
     if kind not in evidence.devices:
         return f"the veto evidence covers {', '.join(evidence.devices)} runs, not {kind}"

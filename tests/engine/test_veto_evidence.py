@@ -48,7 +48,9 @@ def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_c
         f.write("\n# an edit\n")
     with caplog.at_level(logging.WARNING, logger="specgate"):
         assert not veto.runner_policy("block", None, device="cuda", graph=True).is_async
-    assert "the veto evidence is stale" in caplog.text
+    judged, now = veto.Evidence.read(veto.EVIDENCE_FILE).engine_sha256, veto.engine_source_hash()
+    assert (f"the veto evidence is stale: it judged engine {judged[:12]}, this engine's sources are {now[:12]} "
+            f"(an engine file changed since): {veto.REFRESH}") in caplog.text
     assert "specgate gates verdict REPORT.json ... --record" in caplog.text
 
 
@@ -58,7 +60,14 @@ def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_c
     ("[1, 2]", "is not a JSON object"),
     ('{"decision": "LIFT"}', "lacks 'engine_sha256'"),
     ('{"decision": "MAYBE", "engine_sha256": "x", "devices": [], "forwards": []}', "decision must be LIFT or KEEP"),
-], ids=["missing", "not-json", "not-an-object", "a-field-missing", "bad-decision"])
+    ('{"decision": "LIFT", "engine_sha256": "x", "devices": ["cuda", "rocm"], "forwards": []}',
+     "devices names ['rocm'], not among ['cpu', 'cuda']"),
+    ('{"decision": "LIFT", "engine_sha256": "x", "devices": [], "forwards": ["fused"]}',
+     "forwards names ['fused'], not among ['reference', 'compiled']"),
+    ('{"decision": "LIFT", "engine_sha256": "x", "devices": [], "forwards": [], "arms": ["graph", "replay"]}',
+     "arms names ['replay'], not among ['eager', 'graph']"),
+], ids=["missing", "not-json", "not-an-object", "a-field-missing", "bad-decision", "unknown-device",
+        "unknown-forward", "unknown-arm"])
 def test_a_missing_or_malformed_file_keeps_the_veto_and_says_why(engine_copy, content, why, caplog):
     if content is not None:
         veto.EVIDENCE_FILE.write_text(content)

@@ -26,7 +26,7 @@ import pytest
 from engine.bench import legs as bench
 from gates.bench_fold import report_difference, same_legs_difference
 from gates.compare import Difference
-from gates.invariants import real_records, width
+from gates.invariants import real_records
 from gates.workloads import DRAFTERS
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
@@ -74,17 +74,18 @@ FOLD_SETTINGS = fold_settings(DRAFTERS, deep=os.environ.get("HYPOTHESIS_PROFILE"
 
 def expected_acceptance(outputs, trace) -> dict:
     """A leg's acceptance recomputed from its trace records, with the units' own formulas."""
-    real = real_records(trace, outputs)
-    drafting = [r for recs in real.values() for _, r in recs if width(r) > 0]  # a resume's drafts count too
-    verify = [r for r in drafting if not r.is_prefill]
-    prefills = sum(r.is_prefill for recs in real.values() for _, r in recs)
-    emitted = sum(len(r.sampled) for recs in real.values() for _, r in recs)
+    records = [r for recs in real_records(trace, outputs).values() for _, r in recs]  # a resume's drafts too
+    # Every decode step is a verify step, with drafts or without (spec width 0: a request whose
+    # sampling needs the host), as Request.record_verify counts it.
+    verify = [r for r in records if not r.is_prefill]
+    prefills = sum(r.is_prefill for r in records)
+    emitted = sum(len(r.sampled) for r in records)
     completion = sum(len(o.token_ids) for o in outputs)
-    drafts = sum(1 for r in drafting if r.num_draft)
-    draft_tokens = sum(r.num_draft for r in drafting)
-    accepted = sum(r.num_accepted for r in drafting)
-    per_position = [sum(1 for r in drafting if r.num_accepted > j)
-                    for j in range(max((r.num_draft for r in drafting), default=0))]
+    drafts = sum(1 for r in records if r.num_draft)
+    draft_tokens = sum(r.num_draft for r in records)
+    accepted = sum(r.num_accepted for r in records)
+    per_position = [sum(1 for r in records if r.num_accepted > j)
+                    for j in range(max((r.num_draft for r in records), default=0))]
     return {"num_requests": len(outputs), "completion_tokens": completion, "verify_steps": len(verify),
             "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
             "accepted_per_position": per_position,

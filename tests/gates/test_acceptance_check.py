@@ -72,6 +72,23 @@ def test_a_resume_s_drafts_count_and_it_is_a_prefill_not_a_verify_step():
     assert acceptance_difference(0, {k: v for k, v in expected.items() if not k.startswith("_")}, expected) is None
 
 
+def test_a_request_that_decodes_without_drafts_counts_its_steps_as_the_engine_does():
+    """A request whose sampling needs the host (a logits processor, a penalty) decodes with spec
+    width 0 beside drafting ones: each such step is a verify step to the engine
+    (Request.record_verify), so the recomputed units and their identity must count it too."""
+    outputs, trace = k1_leg()
+    outputs.append(RequestOutput(2, None, [4], [5, 6, 7], "", "length", RequestStats(verify_steps=2,
+                                                                                       num_prefills=1)))
+    trace[0].requests.append(record(2, 0, [4], sampled=[5], prefill=True))
+    trace[1].requests.append(record(2, 1, [5], sampled=[6]))
+    trace[2].requests.append(record(2, 2, [6], sampled=[7]))
+    expected = expected_acceptance(outputs, trace)
+    assert expected == {**K1_EXPECTED, "num_requests": 3, "completion_tokens": 8, "verify_steps": 5,
+                        "accept_length": 1.6, "_prefills": 3}
+    assert expected["verify_steps"] == sum(o.stats.verify_steps for o in outputs)
+    assert acceptance_difference(0, {k: v for k, v in expected.items() if not k.startswith("_")}, expected) is None
+
+
 def test_a_leg_without_verify_steps_has_the_units_empty_values():
     trace = [StepTrace(0, "sync/eager", requests=[record(0, 0, [7], sampled=[10], prefill=True)])]
     outputs = [RequestOutput(0, None, [7], [10], "", "length", RequestStats(num_prefills=1))]

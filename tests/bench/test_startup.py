@@ -20,7 +20,8 @@ def test_startup_is_the_engine_and_its_first_request_less_the_steady_request():
     assert m.startup_s == 5.75
     assert m.as_dict() == {"engine_s": 2.5, "first_request_s": 4.0, "steady_request_s": 0.75, "compile_s": 3.0,
                            "graphs": 6, "cache_hits": 5, "cache_misses": 1, "cache_dir": "/c", "startup_s": 5.75}
-    assert startup.StartupMeasurement(1.23456, 0.0, 0.0, 0.0, 0, 0, 0, None).as_dict()["engine_s"] == 1.235
+    rounded = startup.StartupMeasurement(1.23456, 0.0, 0.0, 0.0, 0, 0, 0, None).as_dict()
+    assert (rounded["engine_s"], rounded["startup_s"]) == (1.235, 1.235)
 
 
 def test_compile_seconds_sum_dynamo_s_outermost_compiles_only():
@@ -47,7 +48,8 @@ def test_one_start_up_times_the_engine_then_the_same_request_twice(monkeypatch, 
     real = LLM.generate
 
     def generate(self, prompts, params):
-        calls.append((len(prompts), {len(p) for p in prompts}, params.max_tokens, params.ignore_eos))
+        calls.append((len(prompts), {len(p) for p in prompts}, params.max_tokens, params.ignore_eos,
+                      params.temperature, self.config.spec, self.config.num_spec_tokens))
         return real(self, prompts, params)
     monkeypatch.setattr(LLM, "generate", generate)
     monkeypatch.setattr(startup, "time", Ticks(10.0, 12.5, 20.0, 24.0, 30.0, 30.75))
@@ -57,7 +59,8 @@ def test_one_start_up_times_the_engine_then_the_same_request_twice(monkeypatch, 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/some/cache")
     m = startup.startup(str(target_dir), {"spec": "ngram", "num_spec_tokens": 3, "compile": False})
     assert m == startup.StartupMeasurement(2.5, 4.0, 0.75, 1.25, 0, 3, 2, "/some/cache")
-    assert calls == [(startup.NUM_PROMPTS, {startup.PROMPT_LEN}, startup.MAX_TOKENS, True)] * 2
+    # greedy requests, on the engine the options asked for
+    assert calls == [(startup.NUM_PROMPTS, {startup.PROMPT_LEN}, startup.MAX_TOKENS, True, 0, "ngram", 3)] * 2
 
 
 def test_cold_and_warm_run_in_fresh_children_on_one_new_cache_folder(target_dir, tmp_path, monkeypatch):

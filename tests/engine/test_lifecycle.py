@@ -15,6 +15,7 @@ from engine.request import Request
 from engine.scheduler import Scheduler
 from gates.lifecycle import ABORT_REUSE, ABORT_REUSE_ENGINE, lifecycle_difference, lifecycles, run_lifecycle
 from gates.workloads import params
+from helpers.liveness import drain
 from helpers.strategies import examples
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -102,6 +103,20 @@ def test_stream_yields_each_requests_tokens_as_generate_returns_them(make_llm, a
             finished[delta.request_id] = delta.finish_reason
     assert [got[i] for i in sorted(got)] == [o.token_ids for o in whole]
     assert [finished[i] for i in sorted(finished)] == [o.finish_reason for o in whole]
+
+
+def test_a_streamed_request_arrives_at_its_arrival_step(make_llm):
+    """A step yields at most one delta per request, and request 0 gains tokens every step: the
+    request arriving at step 5 has its first delta after five of request 0's, and the streamed
+    tokens are generate's with the same arrivals. A stream that stops stepping fails, not hangs."""
+    prompts, arrivals = ["def main(", "import os\n"], [0, 5]
+    params = SamplingParams(temperature=0, max_tokens=30)
+    whole = make_llm(spec="ngram", num_spec_tokens=3).generate(prompts, params, arrival_steps=arrivals)
+    llm = make_llm(spec="ngram", num_spec_tokens=3)
+    order = [(d.request_id, d.token_ids) for d in drain(llm.stream(prompts, params, arrival_steps=arrivals))]
+    first_late = next(i for i, (rid, _) in enumerate(order) if rid == 1)
+    assert first_late >= 5 and all(rid == 0 for rid, _ in order[:first_late])
+    assert [sum((t for rid, t in order if rid == i), []) for i in (0, 1)] == [o.token_ids for o in whole]
 
 
 def test_a_stream_aborted_midway_ends_that_request_with_an_abort_delta(make_llm):

@@ -3,6 +3,7 @@ that says LIFT for this engine's very sources lifts it for the device kinds, for
 covers; an edit to any engine file, KEEP, a missing or malformed file, another device, forward or arm
 keep it,
 each with one line that says why; the runner flags and VT_ASYNC_RUNNER override either way."""
+import hashlib
 import json
 import logging
 import shutil
@@ -119,6 +120,19 @@ def test_the_hash_covers_every_python_file_and_nothing_else(engine_copy):
     assert veto.engine_source_hash() == before
     (engine_copy / "bench" / "new.py").write_text("")
     assert veto.engine_source_hash() != before
+
+
+def test_the_hash_is_reproducible_from_its_definition(tmp_path):
+    """sha256 over each file's relative path, NUL, its bytes, NUL, in the order of the paths'
+    components (a/c.py before a.py): what evidence and reports record, so any tool can recompute
+    a tree's identity, and one file's bytes cannot pass for another's name."""
+    files = {"b.py": b"x = 1\n", "a/c.py": b"", "a.py": b"y"}
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    order = sorted(files, key=lambda name: Path(name).parts)
+    want = hashlib.sha256(b"".join(name.encode() + b"\0" + files[name] + b"\0" for name in order))
+    assert veto.source_hash(tmp_path) == want.hexdigest()
 
 
 def test_the_llm_hands_the_veto_its_device_forward_and_arm(make_llm, monkeypatch, tmp_path):

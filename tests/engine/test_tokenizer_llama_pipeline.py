@@ -1,0 +1,60 @@
+"""The Llama 2 pipeline transformers rebuilds around a tokenizer.json (engine/tokenizer.py's
+llama_pipeline), on inputs the shared layout tests do not reach: leading runs of spaces, where the
+decoder's Strip must take exactly one; a tokenizer.json stored without byte fallback, which
+transformers turns on whatever the file says; and a Llama class over a model that is not BPE,
+refused by name. Each case is compared with transformers' AutoTokenizer."""
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelLoadError
+from engine.tokenizer import load_tokenizer
+from gates.hf_folders import write_tokenizer
+
+pytestmark = pytest.mark.xdist_group("hf-folders")
+transformers = pytest.importorskip("transformers")
+
+# Texts that open with more than one space: the Metaspace pre-tokenizer keeps them as "▁" runs,
+# and only the first space of the decoded text is the one the pipeline prepended.
+LEADING_SPACES = ("  two", "   three x", "  \tx", "    ")
+
+
+def assert_same_ids_and_text(folder: Path, texts) -> None:
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
+    for text in texts:
+        ids = theirs.encode(text)
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+
+
+@pytest.mark.parametrize("layout", ["llama2", "llama2-legacy", "llama2-no-prefix-space"])
+def test_leading_runs_of_spaces_encode_and_decode_as_transformers(tmp_path, layout):
+    assert_same_ids_and_text(write_tokenizer(tmp_path, layout), LEADING_SPACES)
+
+
+def test_a_tokenizer_json_stored_without_byte_fallback_still_falls_back_to_bytes(tmp_path):
+    """transformers' LlamaTokenizer rebuilds the BPE model with byte_fallback on: characters
+    outside the learned vocabulary become byte tokens, never <unk>."""
+    folder = write_tokenizer(tmp_path, "llama2")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    raw["model"]["byte_fallback"] = False
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    texts = ("é→🐍 naïve", "ünïcödé")
+    assert_same_ids_and_text(folder, texts)
+    unk = raw["model"]["vocab"]["<unk>"]
+    assert all(unk not in load_tokenizer(folder).encode(text) for text in texts)
+
+
+@pytest.mark.parametrize("model", [
+    {"type": "WordLevel", "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3}, "unk_token": "<unk>"},
+    {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["<s>", 0.0], ["</s>", 0.0], ["a", -1.0]]},
+])
+def test_a_llama_class_over_a_model_that_is_not_bpe_is_refused_by_name(tmp_path, model):
+    folder = write_tokenizer(tmp_path, "llama2")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps({**raw, "model": model, "added_tokens": []}))
+    with pytest.raises(ModelLoadError) as refused:
+        load_tokenizer(folder)
+    assert str(refused.value) == (f"{folder / 'tokenizer_config.json'}: tokenizer_class='LlamaTokenizer' over a "
+                                  f"'{model['type']}' tokenizer.json is not supported (only BPE, as Llama 2 ships)")

@@ -77,6 +77,7 @@ def test_cold_and_warm_run_in_fresh_children_on_one_new_cache_folder(target_dir,
     engine = {"spec": "ngram", "num_spec_tokens": 2, "compile": False, "max_num_seqs": 2}
     got = startup.measure_startup(target_dir, engine, cache_dir=folder)
     assert got["engine"] == engine and got["model"] == str(target_dir) and got["torch"] == torch.__version__
+    assert got["inductor_cache"] == "a new folder for the cold run, filled by it for the warm run"
     for state in startup.CACHE_STATES:
         m = got[state]
         assert m["cache_dir"] == str(folder) and (m["graphs"], m["cache_hits"], m["cache_misses"]) == (0, 0, 0)
@@ -87,7 +88,9 @@ def test_cold_and_warm_run_in_fresh_children_on_one_new_cache_folder(target_dir,
 
 def test_the_child_imports_the_engine_of_this_tree_first(monkeypatch, tmp_path):
     """An editable install points `engine` at the checkout it was made from; a copy of the tree
-    (mutmut's staging, a worktree) must time its own engine: the child's PYTHONPATH starts here."""
+    (mutmut's staging, a worktree) must time its own engine: the child's PYTHONPATH starts here.
+    The rest of the environment is the parent's, but for TRITON_CACHE_DIR (Triton's kernels go
+    inside inductor's cache folder)."""
     seen = {}
 
     def fake_run(cmd, env, **kwargs):
@@ -95,10 +98,27 @@ def test_the_child_imports_the_engine_of_this_tree_first(monkeypatch, tmp_path):
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"startup_s": 1.0}) + "\n", stderr="")
     monkeypatch.setattr(startup.subprocess, "run", fake_run)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setenv("SPECGATE_PROBE", "kept")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/dropped")
     assert startup.run_child("m", {}, tmp_path, timeout=5) == {"startup_s": 1.0}
     repo = str(Path(startup.__file__).resolve().parents[2])
     assert seen["PYTHONPATH"].split(os.pathsep) == [repo, "/elsewhere"]
     assert seen[startup.INDUCTOR_CACHE_ENV] == str(tmp_path)
+    assert seen["SPECGATE_PROBE"] == "kept" and "TRITON_CACHE_DIR" not in seen
+
+
+def test_a_child_that_fails_without_a_word_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(startup.subprocess, "run", lambda cmd, **kwargs: subprocess.CompletedProcess(cmd, 3, "", ""))
+    with pytest.raises(SpecgateError) as failed:
+        startup.run_child("m", {}, tmp_path, timeout=5)
+    assert str(failed.value) == "the start-up measurement's child process failed (exit 3): no output"
+
+
+def test_each_child_may_take_half_an_hour_by_default(monkeypatch, tmp_path):
+    bounds = []
+    monkeypatch.setattr(startup, "run_child", lambda model, engine, folder, timeout: bounds.append(timeout) or {})
+    startup.measure_startup("m", {}, cache_dir=tmp_path / "new")
+    assert bounds == [1800, 1800]
 
 
 def test_a_cold_run_needs_an_empty_cache_folder(tmp_path, target_dir):
@@ -108,8 +128,12 @@ def test_a_cold_run_needs_an_empty_cache_folder(tmp_path, target_dir):
 
 
 def test_a_failed_child_says_why(tmp_path):
-    with pytest.raises(SpecgateError, match=r"child process failed \(exit 1\): .*ModelLoadError: model folder"):
+    """The last line the child wrote to stderr, as text."""
+    with pytest.raises(SpecgateError) as failed:
         startup.measure_startup(tmp_path / "missing", {"compile": False})
+    assert str(failed.value) == (f"the start-up measurement's child process failed (exit 1): engine.errors."
+                                 f"ModelLoadError: model folder {tmp_path / 'missing'} does not exist or is not "
+                                 f"a folder")
 
 
 def test_the_child_prints_its_measurement_as_one_json_line(monkeypatch, capsys):

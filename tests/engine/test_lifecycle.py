@@ -35,7 +35,7 @@ def test_the_scheduler_holds_an_aborted_requests_slot_and_blocks_until_its_step_
     assert sched.schedule().requests == [first]
     slot, blocks = first.slot, list(first.block_ids)
     sched.abort(first, step=1, in_flight=True)
-    assert first.finish_reason == "abort" and first.is_finished and sched.held == [first]
+    assert first.finish_reason == "abort" and first.is_finished and first.finish_step == 1 and sched.held == [first]
     assert sched.schedule().requests == [], "the held slot went to a new admission while its step was in flight"
     assert (first.slot, first.block_ids) == (slot, blocks)
     sched.release_held([first])

@@ -137,6 +137,18 @@ def test_a_resume_that_verifies_the_drafts_it_held_passes_every_check_at_its_win
     assert ngram_draft_difference(outputs, [trace[0], trace[2]]) == Difference("ngram drafts", 2, 0, 5, [], [13, 15])
 
 
+def test_a_resume_that_held_one_draft_is_judged_too():
+    """Only a prefill without drafts (width 0) is skipped: a resume of width 1 verifying [13] from
+    position 5, which the output confirms, must accept it."""
+    outputs, trace = run()
+    resume = record(prefill=True, ids=[*PROMPT, 10, 11, 12, 13], drafts=[13], accepted=1, sampled=[13, 14],
+                    draft_slots=1)
+    trace = trace[:2] + [StepTrace(2, "sync/eager", requests=[resume])]
+    assert acceptance_difference(outputs, trace, {0}) is None
+    resume.num_accepted = 0
+    assert acceptance_difference(outputs, trace, {0}) == Difference(GREEDY, 2, 0, 5, 1, 0)
+
+
 def test_a_resume_counted_a_verify_step_or_cut_short_or_gathered_at_its_end_is_red():
     outputs, trace = resumed_run()
     outputs[0].stats.verify_steps = 2

@@ -132,6 +132,20 @@ def test_a_stream_aborted_midway_ends_that_request_with_an_abort_delta(make_llm)
     assert sum(len(d.token_ids) for d in deltas if d.request_id == 1) == 30
 
 
+def test_step_deltas_deliver_every_request_s_news_in_the_call_of_its_step(make_llm):
+    """After every step_deltas() each live request's delivered tokens are all it has committed: news
+    is never held back to a later call, also when the async runner reads a step it launched past
+    an earlier request's end (that request, already delivered whole, is touched again first)."""
+    llm = make_llm(spec="ngram", num_spec_tokens=2, async_runner=True, max_num_seqs=2)
+    reqs = [llm.add_request("def main(", SamplingParams(temperature=0, max_tokens=m)) for m in (4, 24)]
+    got = {r.request_id: 0 for r in reqs}
+    while llm.has_unfinished():
+        for d in llm.step_deltas():
+            got[d.request_id] += len(d.token_ids)
+        assert got == {r.request_id: len(r.output_token_ids) for r in reqs}, "news held back to a later call"
+    assert [r.finish_reason for r in reqs] == ["length", "length"] and reqs[0].finish_step < reqs[1].finish_step
+
+
 def test_step_deltas_report_news_once(make_llm):
     llm = make_llm(spec="ngram", num_spec_tokens=2, async_runner=True)
     req = llm.add_request("def main(", SamplingParams(temperature=0, max_tokens=6))

@@ -2,7 +2,8 @@
 llama_pipeline), on inputs the shared layout tests do not reach: leading runs of spaces, where the
 decoder's Strip must take exactly one; a tokenizer.json stored without byte fallback, which
 transformers turns on whatever the file says; and a Llama class over a model that is not BPE,
-refused by name. Each case is compared with transformers' AutoTokenizer."""
+refused by name; and a tokenizer_config.json that is not JSON, refused by its path. Each case is
+compared with transformers' AutoTokenizer."""
 import json
 from pathlib import Path
 
@@ -58,3 +59,11 @@ def test_a_llama_class_over_a_model_that_is_not_bpe_is_refused_by_name(tmp_path,
         load_tokenizer(folder)
     assert str(refused.value) == (f"{folder / 'tokenizer_config.json'}: tokenizer_class='LlamaTokenizer' over a "
                                   f"'{model['type']}' tokenizer.json is not supported (only BPE, as Llama 2 ships)")
+
+
+def test_a_tokenizer_config_that_is_not_json_is_refused_by_its_path(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == (f"{tmp_path / 'tokenizer_config.json'} is not valid JSON: Expecting property name "
+                                  f"enclosed in double quotes: line 1 column 2 (char 1)")

@@ -13,6 +13,7 @@ import pytest
 
 from engine.errors import ModelLoadError
 from engine.tokenizer import TOKENIZER_CLASSES, HFTokenizer, load_tokenizer
+from helpers.tokenizers import assert_same_as_transformers
 
 pytestmark = pytest.mark.xdist_group("hf-folders")
 transformers = pytest.importorskip("transformers")
@@ -65,23 +66,13 @@ def variant(base: Path, folder: Path, changes: dict, drop=(), post_processor: bo
     return folder
 
 
-def assert_same_as_transformers(folder: Path) -> None:
-    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
-    assert isinstance(ours, HFTokenizer) and ours.vocab_size == len(theirs)
-    for text in TEXTS:
-        ids = theirs.encode(text)
-        assert ours.encode(text) == ids, text
-        assert ours.encode(text, add_bos=False) == theirs.encode(text, add_special_tokens=False), text
-        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
-
-
 @pytest.mark.parametrize("flags", FLAGS, ids=["no-flags", "bos-off", "bos-eos-on", "eos-on"])
 @pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
 def test_bos_and_eos_come_from_tokenizer_json_whatever_tokenizer_config_says(
         hf_tokenizer_dir, metaspace_dir, tmp_path, kind, flags):
     base = hf_tokenizer_dir if kind == "byte-level" else metaspace_dir
     for i, post_processor in enumerate((True, False)):
-        assert_same_as_transformers(variant(base, tmp_path / str(i), flags, post_processor=post_processor))
+        assert_same_as_transformers(variant(base, tmp_path / str(i), flags, post_processor=post_processor), TEXTS)
 
 
 def test_every_accepted_class_and_either_spelling_of_a_special_token_encodes_alike(hf_tokenizer_dir, tmp_path):
@@ -90,7 +81,7 @@ def test_every_accepted_class_and_either_spelling_of_a_special_token_encodes_ali
         changes = {"bos_token": added_token(bos), "eos_token": added_token(eos)} if i % 2 else {}
         drop = ("tokenizer_class",) if cls is None else ()
         assert_same_as_transformers(variant(hf_tokenizer_dir, tmp_path / str(i), {
-            **({"tokenizer_class": cls} if cls else {}), **changes}, drop=drop))
+            **({"tokenizer_class": cls} if cls else {}), **changes}, drop=drop), TEXTS)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -106,7 +97,7 @@ def test_a_tokenizer_config_we_cannot_follow_is_refused_by_name(hf_tokenizer_dir
     with pytest.raises(ModelLoadError, match=message):
         HFTokenizer(folder)
     (folder / "tokenizer_config.json").unlink()  # no tokenizer_config.json: tokenizer.json alone decides
-    assert_same_as_transformers(folder)
+    assert_same_as_transformers(folder, TEXTS)
 
 
 def test_the_vocabulary_counts_the_tokens_added_to_tokenizer_json(hf_tokenizer_dir, tmp_path):
@@ -130,4 +121,4 @@ def test_a_bpe_dropout_in_tokenizer_json_is_dropped_as_transformers_drops_it(met
     (folder / "tokenizer.json").write_text(json.dumps({**raw, "model": {**raw["model"], "dropout": 0.5}}))
     text = "the textwrap module provides some convenience functions " * 4
     assert len({tuple(load_tokenizer(folder).encode(text)) for _ in range(20)}) == 1
-    assert_same_as_transformers(folder)
+    assert_same_as_transformers(folder, TEXTS)

@@ -5,31 +5,21 @@ with one line: a folder without tokenizer.json (never bytes by default), split_s
 and a token tokenizer_config.json names that tokenizer.json lacks."""
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from engine.errors import ModelLoadError
 from engine.tokenizer import BYTE_TOKENIZER_CLASS, ByteTokenizer, HFTokenizer, load_tokenizer
 from gates.hf_folders import TEXTS, TOKENIZER_LAYOUTS, write_tokenizer
+from helpers.tokenizers import assert_same_as_transformers
 
 pytestmark = pytest.mark.xdist_group("hf-folders")
 transformers = pytest.importorskip("transformers")
 
 
-def assert_encodes_as_transformers(folder: Path) -> None:
-    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
-    assert ours.vocab_size == len(theirs)
-    for text in TEXTS:
-        assert ours.encode(text) == theirs.encode(text), text
-        assert ours.encode(text, add_bos=False) == theirs.encode(text, add_special_tokens=False), text
-        ids = theirs.encode(text)
-        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
-
-
 @pytest.mark.parametrize("layout", TOKENIZER_LAYOUTS)
 def test_each_layout_encodes_and_decodes_as_transformers(tmp_path, layout):
-    assert_encodes_as_transformers(write_tokenizer(tmp_path, layout))
+    assert_same_as_transformers(write_tokenizer(tmp_path, layout), TEXTS)
 
 
 @pytest.mark.parametrize("layout", ["llama3", "llama2"])
@@ -43,7 +33,7 @@ def test_truncation_and_padding_in_tokenizer_json_are_ignored_as_transformers_ig
     long_text = "the quick brown fox jumps over the lazy dog " * 4
     assert len(load_tokenizer(folder).encode(long_text)) > 8
     assert len(load_tokenizer(folder).encode("hi")) < 8
-    assert_encodes_as_transformers(folder)
+    assert_same_as_transformers(folder, TEXTS)
 
 
 def test_a_folder_without_tokenizer_json_is_refused_and_bytes_are_chosen_only_by_name(tmp_path):
@@ -74,7 +64,7 @@ def test_split_special_tokens_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="split_special_tokens=true .* is not supported: remove the key"):
         HFTokenizer(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "split_special_tokens": False}))
-    assert_encodes_as_transformers(folder)
+    assert_same_as_transformers(folder, TEXTS)
 
 
 @pytest.mark.parametrize("key, value, named", [
@@ -106,5 +96,5 @@ def test_tokens_tokenizer_json_holds_may_be_named_again(tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps({
         **cfg, "extra_special_tokens": ["<|eot_id|>"],
         "added_tokens_decoder": {"0": {"content": "<|begin_of_text|>", "special": True}}}))
-    assert_encodes_as_transformers(folder)
+    assert_same_as_transformers(folder, TEXTS)
     shutil.rmtree(folder)

@@ -5,13 +5,13 @@ transformers turns on whatever the file says; and a Llama class over a model tha
 refused by name; and a tokenizer_config.json that is not JSON, refused by its path. Each case is
 compared with transformers' AutoTokenizer."""
 import json
-from pathlib import Path
 
 import pytest
 
 from engine.errors import ModelLoadError
 from engine.tokenizer import load_tokenizer
 from gates.hf_folders import write_tokenizer
+from helpers.tokenizers import assert_same_as_transformers
 
 pytestmark = pytest.mark.xdist_group("hf-folders")
 transformers = pytest.importorskip("transformers")
@@ -21,17 +21,9 @@ transformers = pytest.importorskip("transformers")
 LEADING_SPACES = ("  two", "   three x", "  \tx", "    ")
 
 
-def assert_same_ids_and_text(folder: Path, texts) -> None:
-    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
-    for text in texts:
-        ids = theirs.encode(text)
-        assert ours.encode(text) == ids, text
-        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
-
-
 @pytest.mark.parametrize("layout", ["llama2", "llama2-legacy", "llama2-no-prefix-space"])
 def test_leading_runs_of_spaces_encode_and_decode_as_transformers(tmp_path, layout):
-    assert_same_ids_and_text(write_tokenizer(tmp_path, layout), LEADING_SPACES)
+    assert_same_as_transformers(write_tokenizer(tmp_path, layout), LEADING_SPACES)
 
 
 def test_a_tokenizer_json_stored_without_byte_fallback_still_falls_back_to_bytes(tmp_path):
@@ -42,7 +34,7 @@ def test_a_tokenizer_json_stored_without_byte_fallback_still_falls_back_to_bytes
     raw["model"]["byte_fallback"] = False
     (folder / "tokenizer.json").write_text(json.dumps(raw))
     texts = ("é→🐍 naïve", "ünïcödé")
-    assert_same_ids_and_text(folder, texts)
+    assert_same_as_transformers(folder, texts)
     unk = raw["model"]["vocab"]["<unk>"]
     assert all(unk not in load_tokenizer(folder).encode(text) for text in texts)
 

@@ -101,7 +101,8 @@ class HFTokenizer:
 
 def llama_pipeline(raw: dict, cfg: dict, where: Path) -> dict:
     """tokenizer.json as transformers 5's LlamaTokenizer rebuilds it: its BPE vocabulary, merges and
-    post-processor kept; byte fallback on; no normalizer; a Metaspace pre-tokenizer that prepends
+    post-processor kept; byte fallback on and no unk token (a character with neither a vocabulary
+    entry nor byte tokens is dropped, as transformers drops it); no normalizer; a Metaspace pre-tokenizer that prepends
     "▁" to the first piece only (legacy false, the default), to every piece after a special token
     too (legacy true), or never (add_prefix_space false); the matching decoder."""
     model = raw.get("model") or {}
@@ -118,7 +119,7 @@ def llama_pipeline(raw: dict, cfg: dict, where: Path) -> dict:
     return {**raw, "normalizer": None,
             "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": False},
             "decoder": {"type": "Sequence", "decoders": decoders},
-            "model": {**model, "byte_fallback": True, "fuse_unk": True, "dropout": None}}
+            "model": {**model, "byte_fallback": True, "fuse_unk": True, "dropout": None, "unk_token": None}}
 
 
 def check_special_tokens(tok, cfg: dict, where: Path) -> None:

@@ -2,8 +2,9 @@
 llama_pipeline), on inputs the shared layout tests do not reach: leading runs of spaces, where the
 decoder's Strip must take exactly one; a tokenizer.json stored without byte fallback, which
 transformers turns on whatever the file says; and a Llama class over a model that is not BPE,
-refused by name; and a tokenizer_config.json that is not JSON, refused by its path. Each case is
-compared with transformers' AutoTokenizer."""
+refused by name; a tokenizer_config.json that is not JSON, refused by its path; and a vocabulary
+without some byte tokens, where transformers' rebuilt model has no unk token and drops what it
+cannot encode. Each case is compared with transformers' AutoTokenizer."""
 import json
 
 import pytest
@@ -37,6 +38,23 @@ def test_a_tokenizer_json_stored_without_byte_fallback_still_falls_back_to_bytes
     assert_same_as_transformers(folder, texts)
     unk = raw["model"]["vocab"]["<unk>"]
     assert all(unk not in load_tokenizer(folder).encode(text) for text in texts)
+
+
+@pytest.mark.parametrize("fuse_unk", [True, False])
+def test_a_character_without_vocabulary_entry_or_byte_tokens_is_dropped_as_transformers_drops_it(tmp_path,
+                                                                                                   fuse_unk):
+    """transformers rebuilds the Llama BPE without an unk_token (and with fuse_unk on): the snake,
+    whose four byte tokens are taken out of the vocabulary, encodes to nothing, once or twice."""
+    folder = write_tokenizer(tmp_path, "llama2")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    missing = {f"<0x{b:02X}>" for b in "🐍".encode()}
+    raw["model"]["vocab"] = {t: i for t, i in raw["model"]["vocab"].items() if t not in missing}
+    raw["model"]["fuse_unk"] = fuse_unk
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    theirs, ours = transformers.AutoTokenizer.from_pretrained(folder), load_tokenizer(folder)
+    for text in ("x🐍🐍y", "🐍", "a 🐍 b"):
+        assert ours.encode(text) == theirs.encode(text), text
+    assert ours.encode("x🐍🐍y") == ours.encode("xy")
 
 
 @pytest.mark.parametrize("model", [

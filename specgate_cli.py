@@ -287,14 +287,20 @@ def cmd_bench_model_decode(args) -> int:
 
 
 def cmd_bench_model_peer(args) -> int:
+    from engine.bench.dense_peer import dense_peer
     from engine.bench.models import bench_prompts
     from engine.bench.peer import transformers_peer
     prompts = bench_prompts(max(args.concurrency), args.prompt_len)
-    result = transformers_peer(_bench_model_dir(args), prompts, args.concurrency, args.device, progress=_progress)
-    if not result["ran"]:
-        print(f"transformers peer not run: {result['why']}")
-    for c, r in result.get("per_concurrency", {}).items():
-        print(f"transformers c={c}: {r['ms_per_step']} ms per step")
+    model_dir = _bench_model_dir(args)
+    # the dense peer first: its model is freed before transformers loads its own
+    dense = dense_peer(model_dir, prompts, args.concurrency, args.device, progress=_progress)
+    result = {**transformers_peer(model_dir, prompts, args.concurrency, args.device, progress=_progress),
+              "dense": dense}
+    for name, report in (("transformers", result), ("dense", dense)):
+        if not report["ran"]:
+            print(f"{name} peer not run: {report['why']}")
+        for c, r in report.get("per_concurrency", {}).items():
+            print(f"{name} c={c}: {r['ms_per_step']} ms per step")
     _write_json(args.json, result)
     return 0
 
@@ -324,7 +330,7 @@ def add_bench_model_parser(sub) -> None:
     for name, func, what in (("decode", cmd_bench_model_decode, "ms per plain decode step per runner, the copy "
                               "bandwidth and the HBM floor"),
                              ("peer", cmd_bench_model_peer, "ms per decode step of transformers' static-cache, "
-                              "compiled generate (CUDA only)")):
+                              "compiled generate and of a gpt-fast-style dense decoder (CUDA only)")):
         m = bm_sub.add_parser(name, help=what)
         m.add_argument("--model", type=folder, default=None, help="model folder (default: the --shape folder)")
         m.add_argument("--shape", choices=list(SHAPES), default="llama-1b")

@@ -111,9 +111,21 @@ def test_the_peer_command_times_the_default_lengths_and_prints_each_figure(bench
                                                                            capsys):
     """`specgate bench-model peer` passes no lengths: what it times, and what its report's method
     says, are the defaults (32 and 160 new tokens, medians of 3), and each figure is printed as it
-    comes. Only the move to the GPU is stood in for."""
+    comes; the dense peer runs first, compiled, with the same defaults. Only the move to the GPU
+    (and the dense peer's compiled timing) is stood in for."""
     import specgate_cli
+    from engine import loader
+    from engine.bench import dense_peer
     calls, moved_to = timed_generate(monkeypatch), []
+    dense_calls = []
+
+    def dense_figures(model, prompts, concurrencies, short, long, repeats, compile, progress=None):
+        dense_calls.append((len(prompts), concurrencies, short, long, repeats, compile))
+        progress("dense peer c=1: 0.500 ms per step")
+        return {"per_concurrency": {"1": {"ms_per_step": 0.5}}}
+    monkeypatch.setattr(dense_peer, "dense_peer_figures", dense_figures)
+    cpu_load = loader.load_model
+    monkeypatch.setattr(loader, "load_model", lambda model_dir, device: cpu_load(model_dir))
 
     def to(self, device=None, **kwargs):
         moved_to.append(device)
@@ -123,5 +135,9 @@ def test_the_peer_command_times_the_default_lengths_and_prints_each_figure(bench
     assert specgate_cli.main(["bench-model", "peer", "--model", str(bench_tiny_dir), "--device", "cuda",
                               "--concurrency", "1", "--prompt-len", "8", "--json", str(report)]) == 0
     assert moved_to == ["cuda"] and calls == [(1, 32, 8 + 160, 3), (1, 160, 8 + 160, 3)]
-    assert json.loads(report.read_text())["method"] == "(t(max_new_tokens=160) - t(32)) / 128, medians of 3"
-    assert "specgate: transformers c=1: 1.000 ms per step" in capsys.readouterr().err
+    written = json.loads(report.read_text())
+    assert written["method"] == "(t(max_new_tokens=160) - t(32)) / 128, medians of 3"
+    assert dense_calls == [(1, [1], 32, 160, 3, True)]
+    assert written["dense"] == {"ran": True, "per_concurrency": {"1": {"ms_per_step": 0.5}}}
+    err = capsys.readouterr().err
+    assert "specgate: transformers c=1: 1.000 ms per step" in err and "specgate: dense peer c=1: 0.500 ms" in err

@@ -203,3 +203,19 @@ def test_a_concurrency_without_a_warm_leg_and_a_first_concurrency_without_a_floo
     assert "HBM floor" in decode_panel["legend"]["labels"]
     assert spec_panel["bars"][0]["height"] == [0.0, 900.0, 0.0, 1800.0]
     assert [t["text"] for t in spec_panel["texts"]] == ["no warm leg", "900", "no warm leg", "1800\nτ 2.50"]
+
+
+def test_the_dense_peer_has_its_row_ratio_target_and_table_line():
+    """The gpt-fast-style peer beside transformers (issue 36: the async graph arm at least 1.15x
+    faster): 1.0 / 0.92 = 1.087 at c=1, missed; not run, it says why."""
+    dense = {"ran": True, "per_concurrency": {"1": {"ms_per_step": 1.0}, "8": {"ms_per_step": 1.5}}}
+    summary = summarize(DECODE, {**PEER, "dense": dense})
+    assert summary["rows"]["1"]["dense_ms_per_step"] == 1.0 and summary["rows"]["8"]["dense_ms_per_step"] == 1.5
+    assert summary["rows"]["1"]["graph/async"]["dense_speedup"] == 1.087
+    assert {"target": "graph/async c=1 at least 1.15x faster than the gpt-fast-style peer", "figure": 1.087,
+            "met": False} in summary["targets"]
+    lines = table(summary).splitlines()
+    assert [line.split()[:3] for line in lines if line.startswith("gpt-fast-style dense")] == \
+        [["gpt-fast-style", "dense", "1.000"]]
+    not_run = {**PEER, "dense": {"ran": False, "why": "no GPU"}}
+    assert "dense peer: not run (no GPU)" in table(summarize(DECODE, not_run))

@@ -106,6 +106,21 @@ def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
     assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6
 
 
+def test_the_dense_peer_compiled_on_cuda_decodes_specgate_s_tokens(bench_tiny_dir):
+    """The gpt-fast-style peer as `bench-model peer` runs it (the folder's bf16, the step compiled
+    and replayed as a CUDA graph): its first tokens are specgate's compiled graph arm's."""
+    from engine import LLM
+    from engine.bench.dense_peer import dense_peer
+    from engine.bench.models import bench_prompts
+    prompts = bench_prompts(2, 8, seed=0)
+    got = dense_peer(bench_tiny_dir, prompts, [1, 2], "cuda", short=2, long=6, repeats=1)
+    want = LLM(bench_tiny_dir, device="cuda", max_model_len=64).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert got["ran"] and got["compiled"] and got["dtype"] == "torch.bfloat16"
+    assert [got["per_concurrency"][c]["first_tokens"] for c in ("1", "2")] == [want[0].token_ids] * 2
+    assert all(r["ms_per_step"] > 0 for r in got["per_concurrency"].values())
+
+
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
                     reason="the children import the tree, not mutmut's copy; dynamo cannot trace its trampolines")
 def test_the_start_up_on_cuda_compiles_by_default_and_finds_its_kernels_warm(target_dir):

@@ -305,6 +305,28 @@ def cmd_bench_model_peer(args) -> int:
     return 0
 
 
+def cmd_bench_model_matmul(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from engine.bench.matmul import matmul_report
+    from engine.bench.models import config_dict, shape_named
+    from engine.config import ModelConfig
+    if args.model is not None:
+        cfg = ModelConfig.from_dir(args.model)
+    else:  # the shape's config.json alone: random matrices of its sizes need no weights written
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps(config_dict(shape_named(args.shape))))
+            cfg = ModelConfig.from_dir(tmp)
+    result = matmul_report(cfg, args.device, rows=args.rows, variants=args.variants, progress=_progress)
+    for key, b in result["best"].items():
+        print(f"{key}: {b['microseconds']} µs, {b['gb_per_s']} GB/s ({b['variant']})")
+    for m, us in result["per_step_us"].items():
+        print(f"matmuls of one plain step at M={m}, each matrix at its best variant: {us / 1e3:.3f} ms")
+    _write_json(args.json, result)
+    return 0
+
+
 def cmd_bench_model_summary(args) -> int:
     from engine.bench import summary as bench_summary
     spec = dict(pair.split("=", 1) for pair in args.spec)
@@ -318,6 +340,7 @@ def cmd_bench_model_summary(args) -> int:
 
 
 def add_bench_model_parser(sub) -> None:
+    from engine.bench.matmul import VARIANTS as MATMUL_VARIANTS
     from engine.bench.models import SHAPES
     bm = sub.add_parser("bench-model", help="seeded random-weight benchmark models (no download)")
     bm_sub = bm.add_subparsers(dest="bench_model_command", required=True)
@@ -351,6 +374,16 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--compile", type=choice_list("off", "on"), default=("off",), metavar="off|on|off,on",
                            help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)
+    m = bm_sub.add_parser("matmul", help="µs and GB/s of each weight matrix's matmul at M rows, per variant "
+                          "(cuBLAS, inductor, autotuned): docs/benchmarks.md")
+    m.add_argument("--model", type=folder, default=None, help="model folder (default: the --shape folder)")
+    m.add_argument("--shape", choices=list(SHAPES), default="llama-1b")
+    m.add_argument("--seed", type=int_at_least(0), default=0)
+    m.add_argument("--device", type=device, default="cpu")
+    m.add_argument("--rows", type=int_list(1, 4096), default=[1, 8, 40], metavar="M[,M...]")
+    m.add_argument("--variants", type=choice_list(*MATMUL_VARIANTS), default=MATMUL_VARIANTS, metavar="V[,V...]")
+    m.add_argument("--json", type=output_file, default=None, metavar="FILE")
+    m.set_defaults(func=cmd_bench_model_matmul)
     m = bm_sub.add_parser("summary", help="join decode, peer, load and bench reports; print the table")
     m.add_argument("--decode", default=None, metavar="FILE")
     m.add_argument("--peer", default=None, metavar="FILE")

@@ -122,6 +122,8 @@ PY
             --runners sync,async --arm graph --concurrency 1,8 $BENCH1B_DECODE_ARGS --json "$OUT/bench1b-decode.json"
         timed bench1b-peer "$PY" -m specgate_cli bench-model peer --model "$B1" --device "$BENCH_DEVICE" \
             --concurrency 1,8 --json "$OUT/bench1b-peer.json"
+        timed bench1b-matmul "$PY" -m specgate_cli bench-model matmul --model "$B1" --device "$BENCH_DEVICE" \
+            --json "$OUT/bench1b-matmul.json"
         spec=()
         if "$PY" -m specgate_cli bench --help 2>/dev/null | grep -q -- --oracle-tau; then
             legs=("plain")

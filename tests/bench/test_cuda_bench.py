@@ -106,6 +106,16 @@ def test_the_transformers_peer_runs_on_cuda(bench_tiny_dir):
     assert list(got["per_concurrency"]) == ["1"] and len(got["per_concurrency"]["1"]["first_tokens"]) == 6
 
 
+def test_the_matmul_benchmark_times_each_variant_in_a_cuda_graph(tmp_path):
+    from engine.bench.matmul import VARIANTS, matmul_report
+    from engine.bench.models import SHAPES, config_dict
+    from engine.config import ModelConfig
+    (tmp_path / "config.json").write_text(json.dumps(config_dict(SHAPES["tiny"])))
+    got = matmul_report(ModelConfig.from_dir(tmp_path), "cuda", rows=(1, 8), reps=10, repeats=2)
+    assert got["gpu"] == torch.cuda.get_device_name(0) and len(got["timings"]) == 5 * 2 * len(VARIANTS)
+    assert all(t["microseconds"] > 0 for t in got["timings"]) and set(got["per_step_us"]) == {"1", "8"}
+
+
 def test_the_dense_peer_compiled_on_cuda_decodes_specgate_s_tokens(bench_tiny_dir):
     """The gpt-fast-style peer as `bench-model peer` runs it (the folder's bf16, the step compiled
     and replayed as a CUDA graph): its first tokens are specgate's compiled graph arm's."""

@@ -1,0 +1,120 @@
+"""Matmul bandwidth per weight matrix (issue 36, point 3): what each of a model's weight matrices,
+as the fused forward packs them (engine/fused.py: q/k/v stacked, gate/up stacked), reaches at the
+row counts a step multiplies it by: M = 1 and 8 (plain decode at c=1 and c=8) and 5 x 8 (verify
+with k=4 at c=8).
+
+Each variant multiplies the same bf16 weight: `eager` is F.linear (cuBLAS / cuBLASLt on CUDA),
+`inductor` the same call under torch.compile (inductor's choice: a template, an extern call to
+cuBLAS, or a Triton kernel), `autotune` torch.compile with mode="max-autotune-no-cudagraphs"
+(inductor benchmarks its Triton templates against cuBLAS and keeps the fastest) and
+`coordinate-descent` inductor with coordinate_descent_tuning on. On CUDA, `reps` calls are
+captured in one CUDA graph and the replay is timed with CUDA events, so launch gaps do not count
+(a plain decode step replays a graph too); bandwidth = (weight + input + output bytes) / time.
+On the CPU the same code runs with a wall clock and without a graph (tests check the plumbing;
+the figures are not the point there).
+"""
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+
+VARIANTS = ("eager", "inductor", "autotune", "coordinate-descent")
+ROWS = (1, 8, 40)
+
+
+def weight_matrices(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each matrix a decode step multiplies, packed as engine/fused.py packs them."""
+    d, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.dim_per_head, cfg.num_key_value_heads * cfg.dim_per_head
+    return {"qkv": (q + 2 * kv, d), "o_proj": (d, q), "gate_up": (2 * cfg.intermediate_size, d),
+            "down": (d, cfg.intermediate_size), "lm_head": (cfg.vocab_size, d)}
+
+
+def matmul_fn(variant: str):
+    """F.linear, or it compiled the way `variant` names."""
+    if variant == "eager":
+        return F.linear
+    if variant == "inductor":
+        return torch.compile(F.linear, dynamic=False)
+    if variant == "autotune":
+        return torch.compile(F.linear, dynamic=False, mode="max-autotune-no-cudagraphs")
+    if variant == "coordinate-descent":
+        return torch.compile(F.linear, dynamic=False, options={"coordinate_descent_tuning": True})
+    raise ValueError(f"unknown matmul variant {variant!r} (known: {', '.join(VARIANTS)})")
+
+
+@dataclass(frozen=True)
+class MatmulTiming:
+    matrix: str
+    rows: int
+    variant: str
+    microseconds: float     # one call, the median over the repeats
+    bytes: int              # weight + input + output
+    gb_per_s: float
+
+
+def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> float:
+    """Median seconds of one fn(x, w) over `repeats` timings of `reps` calls (a CUDA graph on CUDA)."""
+    cuda = x.device.type == "cuda"
+    for _ in range(3):  # compile, autotune, warm the caches
+        fn(x, w)
+    if cuda:
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(x, w)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn(x, w)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / reps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn(x, w)
+            times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def matmul_report(cfg: ModelConfig, device: str, dtype: torch.dtype = torch.bfloat16, rows=ROWS,
+                  variants=VARIANTS, reps: int = 100, repeats: int = 5, progress=None) -> dict:
+    """Every matrix x row count x variant, on seeded random weights of the shape."""
+    g = torch.Generator().manual_seed(0)
+    timings = []
+    for name, (out_f, in_f) in weight_matrices(cfg).items():
+        w = torch.randn(out_f, in_f, generator=g).to(device=device, dtype=dtype)
+        for m in rows:
+            x = torch.randn(m, in_f, generator=g).to(device=device, dtype=dtype)
+            moved = (w.numel() + x.numel() + m * out_f) * w.element_size()
+            for variant in variants:
+                seconds = time_call(matmul_fn(variant), x, w, reps, repeats)
+                timings.append(MatmulTiming(name, m, variant, round(seconds * 1e6, 3), moved,
+                                            round(moved / seconds / 1e9, 1)))
+                if progress is not None:
+                    progress(f"{name} M={m} {variant}: {seconds * 1e6:.2f} µs, {moved / seconds / 1e9:.0f} GB/s")
+    best = {}
+    for t in timings:
+        key = f"{t.matrix} M={t.rows}"
+        if key not in best or t.microseconds < best[key]["microseconds"]:
+            best[key] = {"variant": t.variant, "microseconds": t.microseconds, "gb_per_s": t.gb_per_s}
+    # A plain step multiplies each layer's four matrices and the head once: its matmul time at the
+    # best variant of each (issue 36's target: at most 0.60 ms at c=1 on the 1B shape).
+    per_step = {str(m): round(sum(best[f"{name} M={m}"]["microseconds"] * (1 if name == "lm_head" else
+                                                                           cfg.num_hidden_layers)
+                                  for name in weight_matrices(cfg)), 3) for m in rows}
+    return {"device": device, "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
+            "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "reps": reps, "repeats": repeats,
+            "timings": [asdict(t) for t in timings], "best": best, "per_step_us": per_step}

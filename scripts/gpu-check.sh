@@ -13,6 +13,8 @@
 # transformers peer, and spec with the oracle drafter against plain when the tree has it; about
 # 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
+# `matmul1b`: the 1B shape's weight matrices timed alone per variant (bench-model matmul;
+# MATMUL1B_ARGS adds options, e.g. --rows 1 --variants eager).
 # `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py) and ms
 # per plain decode step at 4k and 16k tokens of context, sdpa against flex. On CUDA
 # every gate stage judges both forwards (the reference and the compiled one, the CUDA default).
@@ -122,8 +124,6 @@ PY
             --runners sync,async --arm graph --concurrency 1,8 $BENCH1B_DECODE_ARGS --json "$OUT/bench1b-decode.json"
         timed bench1b-peer "$PY" -m specgate_cli bench-model peer --model "$B1" --device "$BENCH_DEVICE" \
             --concurrency 1,8 --json "$OUT/bench1b-peer.json"
-        timed bench1b-matmul "$PY" -m specgate_cli bench-model matmul --model "$B1" --device "$BENCH_DEVICE" \
-            --json "$OUT/bench1b-matmul.json"
         spec=()
         if "$PY" -m specgate_cli bench --help 2>/dev/null | grep -q -- --oracle-tau; then
             legs=("plain")
@@ -143,6 +143,15 @@ PY
         timed bench1b-summary "$PY" -m specgate_cli bench-model summary --decode "$OUT/bench1b-decode.json" \
             --peer "$OUT/bench1b-peer.json" --load "$OUT/bench1b-load.json" "${spec[@]}" \
             --json "$OUT/bench1b.json" --plot "$OUT/bench1b.png"
+        ;;
+    matmul1b)
+        # What each weight matrix of the 1B shape reaches at M = 1, 8 and 40, per variant (cuBLAS,
+        # inductor, max-autotune, coordinate descent); about 4 minutes, most of it autotuning.
+        timed matmul1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
+            || continue
+        # shellcheck disable=SC2086  # MATMUL1B_ARGS is a list of words
+        timed matmul1b "$PY" -m specgate_cli bench-model matmul --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
+            ${MATMUL1B_ARGS:-} --json "$OUT/matmul1b.json"
         ;;
     depth1b)
         # The depth gate on CUDA (gates/depth.py's CUDA plan: the 1B shape with 40,960 positions,
@@ -178,7 +187,7 @@ PY
         timed startup1b "$PY" -m specgate_cli bench --measure-startup --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
             --spec ngram --graph $STARTUP_ARGS --json "$OUT/startup1b.json"
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b gates1b depth1b startup)" >&2
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b matmul1b gates1b depth1b startup)" >&2
        exit 2 ;;
     esac
 done

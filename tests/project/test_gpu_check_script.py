@@ -36,6 +36,20 @@ def test_pack_leaves_one_archive_of_every_report(tmp_path):
     assert f"packed: {out}/gpu-check.tar.gz" in proc.stdout
 
 
+def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_shape(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
+               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out), MATMUL1B_ARGS="--rows 1,8 --variants eager")
+    proc = subprocess.run(["bash", str(SCRIPT), "matmul1b"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "matmul1b         rc=0" in proc.stdout
+    report = json.loads((out / "matmul1b.json").read_text())
+    assert {(t["matrix"], t["rows"]) for t in report["timings"]} == {
+        (m, r) for m in ("qkv", "o_proj", "gate_up", "down", "lm_head") for r in (1, 8)}
+    assert set(report["per_step_us"]) == {"1", "8"}
+
+
 @pytest.mark.slow
 def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"

@@ -117,18 +117,22 @@ def test_the_matmul_benchmark_times_each_variant_in_a_cuda_graph(tmp_path):
 
 
 def test_the_dense_peer_compiled_on_cuda_decodes_specgate_s_tokens(bench_tiny_dir):
-    """The gpt-fast-style peer as `bench-model peer` runs it (the folder's bf16, the step compiled
-    and replayed as a CUDA graph): its first tokens are specgate's compiled graph arm's."""
+    """The gpt-fast-style peer compiled and replayed as a CUDA graph decodes specgate's greedy tokens
+    (both in float32: two bf16 implementations may part at a near tie of random weights), and
+    `bench-model peer` runs it in the folder's bf16."""
     from engine import LLM
-    from engine.bench.dense_peer import dense_peer
+    from engine.bench.dense_peer import dense_peer, dense_peer_figures
     from engine.bench.models import bench_prompts
+    from engine.loader import load_model
     prompts = bench_prompts(2, 8, seed=0)
-    got = dense_peer(bench_tiny_dir, prompts, [1, 2], "cuda", short=2, long=6, repeats=1)
-    want = LLM(bench_tiny_dir, device="cuda", max_model_len=64).generate(
+    model = load_model(bench_tiny_dir, device="cuda", dtype=torch.float32)
+    got = dense_peer_figures(model, prompts, [1, 2], short=2, long=6, repeats=1, compile=True)
+    want = LLM(bench_tiny_dir, device="cuda", dtype="float32", max_model_len=64).generate(
         prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    assert got["ran"] and got["compiled"] and got["dtype"] == "torch.bfloat16"
     assert [got["per_concurrency"][c]["first_tokens"] for c in ("1", "2")] == [want[0].token_ids] * 2
-    assert all(r["ms_per_step"] > 0 for r in got["per_concurrency"].values())
+    bf16 = dense_peer(bench_tiny_dir, prompts, [1], "cuda", short=2, long=6, repeats=1)
+    assert bf16["ran"] and bf16["compiled"] and bf16["dtype"] == "torch.bfloat16"
+    assert all(r["ms_per_step"] > 0 for r in bf16["per_concurrency"].values())
 
 
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",

@@ -13,6 +13,10 @@ and says LIFT only when:
 - every gate whose verdict depends on the forward (Gate.forward_axis) judged, green on CUDA, both
   the reference and the compiled forward (its result's `forwards`): CUDA runs compile by default,
   and the evidence lifts the veto for the forwards it names only;
+- every model a CUDA report judged (the fixtures, the 1B shape) has the gates whose verdict
+  depends on the model's size (MODEL_GATES: busy, speed-ab, no-sync, what gpu-check's gates1b
+  runs) green on CUDA, with both forwards where the gate has a forward axis: the fixtures' green
+  speed-ab does not speak for the 1B shape, where the host's share of a step is another;
 - no report has a red or errored gate, on any device;
 - in every CUDA report (every round, every model), speed-ab's graph arm shows async ahead of sync
   beyond the floor on every A/B (both drafters, c=1 and c=8, TPOT and throughput; the paired
@@ -38,6 +42,8 @@ from gates.report import GateReport, GateResult
 LIFT, KEEP = "LIFT", "KEEP"
 SPEED_GATE, BUSY_GATE, DECIDING_ARM = "speed-ab", "busy", "graph"
 FORWARD_GATES = tuple(g.name for g in GATES if g.forward_axis)
+# The gates whose verdict depends on the model's size: each model judged must have them all.
+MODEL_GATES = (BUSY_GATE, SPEED_GATE, "no-sync")
 # What a report that names no forwards judged: every gate ran the reference forward before reports
 # recorded them.
 UNRECORDED_FORWARDS = ("reference",)
@@ -94,6 +100,33 @@ def forwards_of(g: GateResult, report: GateReport) -> tuple[str, ...]:
     return tuple(g.forwards or report.environment.get("forwards") or UNRECORDED_FORWARDS)
 
 
+def model_reasons(reports: list[GateReport], model_gates: list[str], forward_gates: tuple[str, ...]) -> list[str]:
+    """Where CUDA reports judged several models: why one of them lacks a model-size gate green on
+    CUDA, or one of its forwards (skipped tests allowed here: the fixture block drafter does not fit
+    the 1B target)."""
+    forwards: dict[str, dict[str, set[str]]] = {}  # model -> gate -> forwards judged green on CUDA
+    for report in (r for r in reports if ran_on_cuda(r)):
+        model = report.environment.get("model") or "(not recorded)"
+        judged = forwards.setdefault(model, {})
+        for g in report.gates:
+            if g.name in model_gates and g.status == "green":
+                judged.setdefault(g.name, set()).update(forwards_of(g, report))
+    if len(forwards) < 2:
+        return []  # one model: the rules over every report already say it
+    reasons = []
+    for model, judged in forwards.items():
+        for name in model_gates:
+            need = FORWARDS if name in forward_gates else ()
+            missing = [f for f in need if f not in judged.get(name, set())]
+            if name not in judged:
+                reasons.append(f"{name} did not run green on CUDA on the model {model}: each model judged needs "
+                               f"{', '.join(model_gates)} there")
+            elif missing:
+                reasons.append(f"{name} did not judge the {' and '.join(missing)} forward on CUDA on the model "
+                               f"{model}")
+    return reasons
+
+
 def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None, allow_mixed: bool = False,
            report_names: list[str] | None = None, forward_gates: tuple[str, ...] = FORWARD_GATES) -> Verdict:
     names = gate_names or tuple(g.name for g in GATES)
@@ -131,6 +164,7 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
             reasons.append(f"{name} did not judge the {' and '.join(missing)} forward on CUDA (it judged the "
                            f"{' and '.join(sorted(forwards_on_cuda[name]))} forward): run the CUDA gates with "
                            f"both forwards, as --device cuda does by default")
+    reasons += model_reasons(reports, [n for n in MODEL_GATES if n in names], forward_gates)
     covered = [f for f in FORWARDS if deciding and all(f in forwards_on_cuda[n] for n in deciding)]
     speed, speed_figures = speed_reasons(judged[SPEED_GATE])
     busy, busy_figures = busy_reasons(judged[BUSY_GATE])

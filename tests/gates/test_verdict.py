@@ -7,7 +7,7 @@ import pytest
 
 from gates import verdict
 from gates.cli import main
-from helpers.gate_reports import TREE, ab, cpu_report, decide, gate, report, speed_figures
+from helpers.gate_reports import TREE, ab, cpu_report, decide, gate, model_report, report, speed_figures
 
 
 def test_every_gate_green_on_cuda_with_the_graph_arm_ahead_is_lift():
@@ -199,8 +199,8 @@ def test_a_gate_s_own_forwards_count_not_the_session_s():
 
 
 def test_the_forwards_of_every_report_count_together():
-    """Rounds or models that judged one forward each cover both; a forward judged only where the
-    gate was not green on CUDA does not count."""
+    """Rounds that judged one forward each cover both; a forward judged only where the gate was not
+    green on CUDA does not count."""
     assert decide([report(forwards=["reference"]), report(forwards=["compiled"])]).decision == verdict.LIFT
     skipped = report(forwards=["compiled"], lossless=gate("lossless", skipped_tests=1))
     v = decide([report(forwards=["reference"]), skipped])
@@ -211,3 +211,23 @@ def test_the_forwards_of_every_report_count_together():
 def test_a_lift_line_names_the_forwards_it_covers():
     assert decide([report()]).line == ("verdict: LIFT the veto (every gate green on CUDA, reference and compiled "
                                        "forward, speed-ab's graph arm ahead beyond the floor)")
+
+
+def test_every_model_judged_needs_busy_speed_ab_and_no_sync_with_both_forwards():
+    """The fixtures' green speed-ab does not speak for the 1B shape: a 1B folder whose reports lack
+    a model-size gate, or one of its forwards, is KEEP naming the folder; with all three (the
+    block drafter's tests skipped there) it is LIFT."""
+    b1 = "/tmp/b1"
+    v = decide([report(), model_report(b1, names=("busy", "no-sync"))])
+    assert v.decision == verdict.KEEP and v.reasons == [
+        "speed-ab did not run green on CUDA on the model /tmp/b1: each model judged needs busy, speed-ab, "
+        "no-sync there"]
+    compiled_only = gate("speed-ab", measurements=speed_figures()[4:])
+    compiled_only["forwards"] = ["compiled"]
+    v = decide([report(), model_report(b1, speed_ab=compiled_only)])
+    assert v.reasons == ["speed-ab did not judge the reference forward on CUDA on the model /tmp/b1"]
+    red = decide([report(), model_report(b1, busy=gate("busy", "red", reason="0.80 < 0.95"))])
+    assert "busy did not run green on CUDA on the model /tmp/b1: each model judged needs busy, speed-ab, " \
+           "no-sync there" in red.reasons
+    skips = model_report(b1, speed_ab=gate("speed-ab", skipped_tests=4))
+    assert decide([report(), skips]).decision == verdict.LIFT

@@ -51,6 +51,15 @@ def report(device: str = "cuda", cuda: bool = True, sources=TREE, forwards=("ref
             "gates": gates}
 
 
+def model_report(model: str, names=("busy", "speed-ab", "no-sync"), forwards=("reference", "compiled"),
+                 **overrides) -> dict:
+    """A CUDA report on another model folder (the 1B shape) with only the named gates, as
+    gpu-check's gates1b writes one."""
+    gates = [overrides.get(n.replace("-", "_")) or gate(n) for n in names]
+    return {"environment": {"cuda": True, "device": "cuda", "sources": TREE, "forwards": list(forwards),
+                            "model": model}, "gates": gates}
+
+
 def cpu_report() -> dict:
     gates = [gate(g.name, "skipped", reason="needs CUDA: torch.cuda.is_available() is False")
              if g.needs == "cuda" else gate(g.name) for g in GATES]

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.veto import EVIDENCE_FILE
+from engine.veto import ARMS, EVIDENCE_FILE
 from gates import report
 from gates.argtypes import choice_list, device, float_in, folder, int_at_least, output_file
 from gates.registry import FORWARDS, GATES, by_name
@@ -47,6 +47,10 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      "both with --device cuda, where each forward-dependent gate runs its engine tests once per "
                      "forward; the reference on the CPU, both under --deep, where the compiled forward is judged "
                      "by emit-count's compiled case alone (inductor's CPU compile takes minutes)")
+    run.add_argument("--timed-arms", type=choice_list(*ARMS), default=None, metavar="A[,A]",
+                     help="the arms the timed gates (busy, speed-ab) measure: eager, graph (default both). The "
+                     "verdict judges the graph arm; `--timed-arms graph` leaves out the eager legs, most of a "
+                     "timed gate's time on CUDA, and the report names the arm left out")
     run.add_argument("--cpu-only", action="store_true", help="only the gates that need no CUDA")
     run.add_argument("--stop-at-red", action="store_true", help="end a gate at its first failed check (the gate "
                      "is red whatever its other tests give; `specgate prove` runs its defect trees so)")
@@ -129,6 +133,7 @@ def cmd_run(args) -> int:
                        pytest_args=(("--busy-threshold", str(args.busy_threshold)) if args.busy_threshold else ())
                        + (("--dtype", args.dtype) if args.dtype else ())
                        + (("--forwards", ",".join(args.forwards)) if args.forwards else ())
+                       + (("--timed-arms", ",".join(args.timed_arms)) if args.timed_arms else ())
                        + (("--gates-stop-at-red",) if args.stop_at_red else ()),
                        coverage_dir=args.coverage, jobs=args.jobs)
     print(report.table(result.gates))

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import FORWARDS
+from engine.veto import ARMS
 from gates import report as verdicts
 from gates.argtypes import choice_list
 from gates.provenance import judged
@@ -47,6 +48,9 @@ def pytest_addoption(parser):
     group.addoption("--forwards", default=None, help="forwards the gates judge, comma-separated: reference, "
                     "compiled (default: $SPECGATE_FORWARDS, else both with a cuda --device, the reference on the "
                     "CPU, both on the CPU under the deep profile; see gates/conftest.py for what each runs)")
+    group.addoption("--timed-arms", default=None, help="the arms the timed gates (busy, speed-ab) measure, "
+                    "comma-separated: eager, graph (default: $SPECGATE_TIMED_ARMS, else both). The verdict judges "
+                    "the graph arm; `--timed-arms graph` leaves out the eager legs, reported and not judged")
     group.addoption("--gates-report", default=None, help="write the gates' results here (JSON)")
     group.addoption("--gates-spec", default=None, help="JSON list of gate definitions to use instead "
                     "of the registry (tests of the harness)")
@@ -82,6 +86,25 @@ def judged_forwards(config) -> tuple[str, ...]:
     on_cuda = (option(config, "--device", "SPECGATE_DEVICE") or "cpu").startswith("cuda")
     deep = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
     return FORWARDS if on_cuda or deep else (REFERENCE,)
+
+
+def timed_arms(config) -> tuple[str, ...]:
+    """The arms the timed gates measure: --timed-arms / $SPECGATE_TIMED_ARMS, else both."""
+    given = option(config, "--timed-arms", "SPECGATE_TIMED_ARMS")
+    try:
+        return choice_list(*ARMS)(given) if given else ARMS
+    except argparse.ArgumentTypeError as e:
+        raise pytest.UsageError(f"--timed-arms: {e}") from None
+
+
+def arm_of(item) -> str | None:
+    """The arm a test item runs, from its parameters (`graph_arm`, or a `graph` flag), if it has one."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "graph_arm" in params:
+        return params["graph_arm"]
+    if isinstance(params.get("graph"), bool):
+        return "graph" if params["graph"] else "eager"
+    return None
 
 
 def axis_forwards(config) -> tuple[str, ...]:
@@ -152,6 +175,8 @@ class GateSession:
         # and what its engines ran; each forward asked for is a claim ("compiled forward").
         self.forwards_asked: dict[str, set[str]] = {g.name: set() for g in gates}
         self.forwards_run: dict[str, set[str]] = {g.name: set() for g in gates}
+        # A timed gate's arms left out by --timed-arms: their claims are waived, saying why.
+        self.arms_left_out: dict[str, dict[str, str]] = {g.name: {} for g in gates}  # claim -> why
         self.declared_claims: dict[str, tuple[str, ...]] = {}
         self.collect_errors: dict[str, str] = {}
         self.current_item = None
@@ -210,17 +235,21 @@ class GateSession:
     # ---- hooks --------------------------------------------------------------------------------
     def pytest_collection_modifyitems(self, config, items):
         """Tests marked forwards(...) run only when the session judges each of those forwards; the
-        forwards every kept test asks for become its gate's claims."""
-        judged = set(judged_forwards(config))
+        forwards every kept test asks for become its gate's claims. A timed gate's tests of an arm
+        --timed-arms leaves out are deselected, and that arm's claim waived with the reason."""
+        judged, arms = set(judged_forwards(config)), timed_arms(config)
         kept, dropped = [], []
         for item in items:
             marker = item.get_closest_marker("forwards")
             asked = set(marker.args) if marker else set()
-            if not asked <= judged:
+            gate = self.gate_of(item.path)
+            arm = arm_of(item) if gate is not None and gate.timed else None
+            if arm is not None and arm not in arms:
+                self.arms_left_out[gate.name][f"{arm} arm"] = f"not measured: --timed-arms {','.join(arms)}"
+            if not asked <= judged or (arm is not None and arm not in arms):
                 dropped.append(item)
                 continue
             kept.append(item)
-            gate = self.gate_of(item.path)
             callspec = getattr(item, "callspec", None)
             param = callspec.params.get("forward") if callspec is not None else None
             if gate is not None:
@@ -308,6 +337,7 @@ class GateSession:
         waived = {c: why for d, why in self.skipped_drafters().items() for c in claims
                   if c == d or c.startswith(f"{d} drafter ")} if tests else {}
         waived |= {c: proof for c, proof in self.unexercisable[gate.name].items() if c not in seen}
+        waived |= {c: why for c, why in self.arms_left_out[gate.name].items() if c in claims and c not in seen}
         status, reason = verdicts.gate_status(gate.needs, tests, claims, seen, self.collect_errors.get(gate.name),
                                           has_cuda(), waived)
         evidence = [{"test": t["nodeid"], "message": t["message"], "case": t["cases"][-1] if t["cases"] else None,
@@ -397,6 +427,7 @@ def environment(config) -> dict:
             "model_given": model is not None, "drafter_given": drafter is not None, "model_sha256": checksums,
             "hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+            "timed_arms": list(timed_arms(config)),
             **judged(device, target, judged_forwards(config))}
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
 # gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
-# the veto verdict over those runs, the proof
+# the veto verdict over those runs (REPEAT_TIMED_ARMS=graph: the later rounds time the graph arm
+# alone, the one the verdict judges), the proof
 # with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
 # $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
 # (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
@@ -95,8 +96,11 @@ PY
             [ "$i" = 1 ] || [ -n "$names" ] || continue
             report="$OUT/gates-cuda-${PART:+$PART-}$i"
             # shellcheck disable=SC2086  # the gate names are words
+            # REPEAT_TIMED_ARMS (e.g. graph): the arms the timed gates measure in the later rounds
+            arms=()
+            [ "$i" = 1 ] || [ -z "${REPEAT_TIMED_ARMS:-}" ] || arms=(--timed-arms "$REPEAT_TIMED_ARMS")
             timed "gates-cuda-${PART:+$PART-}$i" timeout "${GATES_TIMEOUT:-0}" "$PY" -m specgate_cli gates run $names \
-                --device "$GATE_DEVICE" --jobs "${GATE_JOBS:-1}" --json "$report.json" --junit "$report.xml"
+                --device "$GATE_DEVICE" --jobs "${GATE_JOBS:-1}" "${arms[@]}" --json "$report.json" --junit "$report.xml"
         done
         ;;
     verdict)

@@ -231,3 +231,11 @@ def test_every_model_judged_needs_busy_speed_ab_and_no_sync_with_both_forwards()
            "no-sync there" in red.reasons
     skips = model_report(b1, speed_ab=gate("speed-ab", skipped_tests=4))
     assert decide([report(), skips]).decision == verdict.LIFT
+
+
+def test_a_round_that_timed_the_graph_arm_alone_still_decides():
+    """`gates run --timed-arms graph`: speed-ab's figures of the graph arm alone decide as before."""
+    graph_only = [m for m in speed_figures() if m["graph_arm"] == "graph"]
+    assert decide([report(speed_ab=gate("speed-ab", measurements=graph_only))]).decision == verdict.LIFT
+    behind = [dict(m, ab=[ab("tpot_ms", 1, 1.1)] + m["ab"][1:]) for m in graph_only]
+    assert decide([report(speed_ab=gate("speed-ab", measurements=behind))]).decision == verdict.KEEP

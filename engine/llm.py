@@ -250,7 +250,7 @@ class LLM:
                 continue  # the device ran past this request's end; nothing more is emitted
             if row.is_prefill:  # a resume verified the drafts it held, if any
                 req.record_prefill(result.num_draft, result.num_accepted)
-            elif row.spec_width > 0:
+            else:  # every decode step is a verify step, drafts or none (spec width 0: sampled on the host)
                 req.record_verify(result.num_draft, result.num_accepted)
             produced = result.emitted
             for i, token in enumerate(produced):

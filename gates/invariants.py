@@ -63,7 +63,9 @@ def trace_consistency(outputs, trace) -> Difference | None:
         if diff:
             return diff
         drafting = [(s, r) for s, r in recs if width(r) > 0]  # verify steps, and resumes verifying held drafts
-        verify = [(s, r) for s, r in drafting if not r.is_prefill]
+        # Every decode step is a verify step, drafts or none (width 0: a request sampled on the
+        # host), so completion = prefills + verify steps + accepted - truncated holds per request.
+        verify = [(s, r) for s, r in recs if not r.is_prefill]
         prefills = [r for _, r in recs if r.is_prefill]
         emitted = [t for _, r in recs for t in r.sampled]
         last_step = recs[-1][0] if recs else None

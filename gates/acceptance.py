@@ -19,17 +19,19 @@ axis's population read back from its own figures (gates/bench_fold.py same_legs_
 import functools
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from engine.bench import legs as bench
 from gates.bench_fold import report_difference, same_legs_difference
 from gates.compare import Difference
-from gates.invariants import real_records
+from gates.invariants import real_records, width
+from gates.processors import HistoryRecorder
 from gates.workloads import DRAFTERS
 
 CLAIMS = ("ngram", "block", "sync runner", "async runner", "num_reqs>1", "k>1", "drafts accepted",
+          "a width-0 request beside drafting ones",
           "tokens truncated at max_tokens", "warm and cold legs", "sampled legs", "warm-up 0: every leg warm",
           "warm-up 2", "warm-up more than 2", "several warm legs folded")
 CONCURRENCIES, LEGS, WARMUP_LEGS = (1, 4), 3, 1   # LEGS, WARMUP_LEGS: traced_legs' defaults, the bench's own
@@ -38,6 +40,10 @@ RUNS = ((False, 0.0), (False, 0.8), (True, 0.0), (True, 0.8))   # (async_runner,
 # with either drafter alone (a target the block drafter does not fit still draws them); legs past the
 # warm-up: 1 or 2. The mean is the 3 legs of one warm-up leg the gate ran before, so it costs the same.
 WARMUPS, EXTRA_LEGS, FOLD_SEED = (0, 1, 2, 3), (1, 2), 34
+# The request of each leg that gets a logits processor (a HistoryRecorder, which changes nothing):
+# its sampling needs the host, so it decodes at spec width 0 beside drafting requests, and its
+# decode steps are verify steps too (Request.record_verify).
+HOST_ROW = 1
 DEEP_SETTINGS, DEEP_MAX_WARMUP, DEEP_MAX_EXTRA = 3, 5, 3   # under --deep: more settings per case, drawn freely
 
 
@@ -95,6 +101,17 @@ def expected_acceptance(outputs, trace) -> dict:
             "_prefills": prefills, "_truncated": emitted - completion}
 
 
+def width0_beside_drafts(outputs, trace, request_id: int) -> bool:
+    """Whether some step decoded `request_id` at spec width 0 while another request verified drafts."""
+    steps: dict[int, list[tuple[int, int]]] = {}
+    for rid, recs in real_records(trace, outputs).items():
+        for s, r in recs:
+            if not r.is_prefill:
+                steps.setdefault(s, []).append((rid, width(r)))
+    return any(any(rid == request_id and w == 0 for rid, w in rows)
+               and any(rid != request_id and w > 0 for rid, w in rows) for rows in steps.values())
+
+
 def acceptance_difference(leg_index: int, reported: dict, expected: dict) -> Difference | None:
     for name, want in expected.items():
         if name.startswith("_"):
@@ -131,19 +148,25 @@ def heldout_workload(corpus, temperature: float) -> bench.Workload:
     return bench.heldout_workload(corpus, num_prompts=4, max_tokens=24, temperature=temperature)
 
 
-def traced_legs(make_llm, workload, legs: int = LEGS, warmup_legs: int = WARMUP_LEGS,
+def traced_legs(make_llm, workload, legs: int = LEGS, warmup_legs: int = WARMUP_LEGS, host_row: int | None = None,
                 **engine) -> tuple[list, dict, dict]:
     """Run the bench's legs (bench.run_bench, as `specgate bench` does, `legs` per concurrency,
-    the first `warmup_legs` cold) on traced engines; per leg, the acceptance the trace implies."""
+    the first `warmup_legs` cold) on traced engines; per leg, the acceptance the trace implies.
+    `host_row`: that request of each leg gets a logits processor that changes nothing (its sampling
+    then needs the host: spec width 0); expected["_width0_beside_drafts"] says whether it decoded
+    beside drafting requests."""
     runs = []  # (outputs, trace) of each generate call, in the order run_bench makes them
 
     def make(c):
         llm = make_llm(trace=True, max_num_seqs=c, **engine)
         generate = llm.generate
 
-        def capture(*args, **kwargs):
+        def capture(prompts, params, **kwargs):
             start = len(llm.trace)
-            outputs = generate(*args, **kwargs)
+            if host_row is not None:
+                params = [replace(p, logits_processors=[*p.logits_processors, HistoryRecorder()]) if i == host_row
+                          else p for i, p in enumerate(params)]
+            outputs = generate(prompts, params, **kwargs)
             runs.append((outputs, llm.trace[start:]))
             return outputs
         llm.generate = capture
@@ -157,7 +180,9 @@ def traced_legs(make_llm, workload, legs: int = LEGS, warmup_legs: int = WARMUP_
     expected, traces = {}, {}
     for leg, (outputs, trace) in zip(ran, runs):
         traces[(leg.concurrency, leg.index)] = trace
-        expected[(leg.concurrency, leg.index)] = expected_acceptance(outputs, trace)
+        expected[(leg.concurrency, leg.index)] = expected_acceptance(outputs, trace) | {
+            "_width0_beside_drafts": host_row is not None
+            and width0_beside_drafts(outputs, trace, outputs[host_row].request_id)}
     return ran, expected, traces
 
 
@@ -168,8 +193,8 @@ def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafte
     workload = heldout_workload(corpus, temperature)
     k = 4
     for setting in FOLD_SETTINGS[drafter, async_runner, temperature]:
-        legs, expected, traces = traced_legs(make_llm, workload, setting.legs, setting.warmup_legs, spec=drafter,
-                                             num_spec_tokens=k, async_runner=async_runner)
+        legs, expected, traces = traced_legs(make_llm, workload, setting.legs, setting.warmup_legs, HOST_ROW,
+                                             spec=drafter, num_spec_tokens=k, async_runner=async_runner)
         for leg in legs:
             gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature,
                              legs=setting.legs, warmup_legs=setting.warmup_legs, concurrency=leg.concurrency,
@@ -182,6 +207,8 @@ def test_bench_acceptance_equals_the_trace(make_llm, gate_record, corpus, drafte
             gate_record.occurred("tokens truncated at max_tokens",
                                  expected[(leg.concurrency, leg.index)]["_truncated"] > 0)
             gate_record.occurred("drafts accepted", leg.acceptance["num_accepted_tokens"] > 0)
+            gate_record.occurred("a width-0 request beside drafting ones",
+                                 expected[(leg.concurrency, leg.index)]["_width0_beside_drafts"])
         gate_record.case(drafter=drafter, async_runner=async_runner, temperature=temperature, legs=setting.legs,
                          warmup_legs=setting.warmup_legs, fold=True)
         gate_record.check(fold_difference(legs, workload, drafter, setting.warmup_legs),

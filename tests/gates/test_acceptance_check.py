@@ -25,6 +25,7 @@ from gates.acceptance import (
     fold_difference,
     fold_settings,
     traced_legs,
+    width0_beside_drafts,
 )
 from gates.compare import Difference
 from helpers.traces import record
@@ -87,6 +88,7 @@ def test_a_request_that_decodes_without_drafts_counts_its_steps_as_the_engine_do
                         "accept_length": 1.6, "_prefills": 3}
     assert expected["verify_steps"] == sum(o.stats.verify_steps for o in outputs)
     assert acceptance_difference(0, {k: v for k, v in expected.items() if not k.startswith("_")}, expected) is None
+    assert width0_beside_drafts(outputs, trace, 2) and not width0_beside_drafts(outputs, trace, 0)
 
 
 def test_a_leg_without_verify_steps_has_the_units_empty_values():
@@ -195,7 +197,7 @@ def test_traced_legs_runs_the_bench_s_legs_on_traced_engines_and_keeps_each_leg_
     assert all(e.calls == [(["a", "b"], [0, 2])] * 3 for e in engines)
     assert [(leg.concurrency, leg.index, leg.warm) for leg in legs] == [
         (c, i, i >= 1) for c in (1, 4) for i in range(3)]
-    assert expected == {(c, i): K1_EXPECTED for c in (1, 4) for i in range(3)}
+    assert expected == {(c, i): {**K1_EXPECTED, "_width0_beside_drafts": False} for c in (1, 4) for i in range(3)}
     assert traces == {(c, i): k1_leg()[1] for c in (1, 4) for i in range(3)}
     assert all(acceptance_difference(leg.index, leg.acceptance, K1_EXPECTED) is None for leg in legs)
     assert capsys.readouterr().err == "", "the bench's progress bar is off in a gate"

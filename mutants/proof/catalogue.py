@@ -162,6 +162,12 @@ DEFECTS = (
            "An acceptance denominator inflated by padded drafts: stats count the k slots scheduled instead "
            "of num_draft (a drafter that trimmed drafts while the scheduler still counted them).",
            ("emit-count", "acceptance"), token_invisible=True),
+    Defect("verify-steps-skip-width-0",
+           "A decode step with nothing to verify counted as no verify step: a request sampled on the host "
+           "(spec width 0 beside drafting ones) emits a token each step and reports no verify steps for "
+           "them, so completion = prefills + verify steps + accepted - truncated fails and the accept "
+           "length (completion / verify steps) of a batch with such a request is overstated.",
+           ("emit-count", "acceptance"), token_invisible=True),
     Defect("fold-acceptance-over-every-leg",
            "The warm-leg predicate applied to one axis only: throughput folds the warm legs, acceptance "
            "folds every leg, so the two axes describe different populations (the DFlash2 gap that could "

@@ -67,8 +67,9 @@ def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_pa
     assert {"graph/sync", "graph/async"} <= set(summary["rows"]["8"])
     assert summary["peer"] == {"ran": False, "why": "the peer runs on CUDA only (device cpu): transformers "
                                                     "compiles a static-cache generate only on a GPU",
-                               "dense": {"ran": False, "why": "the dense peer runs on CUDA only (device cpu): its "
-                                                              "figure is a compiled decode step replayed as a CUDA graph"}}
+                               "dense": {"ran": False, "why": "the dense peer runs on CUDA only (device cpu): "
+                                                              "its figure is a compiled decode step replayed as "
+                                                              "a CUDA graph"}}
     assert summary["load"]["num_shards"] == 2
     assert (out / "bench1b.png").read_bytes()[:4] == b"\x89PNG"
     table = proc.stdout.split("bench1b-summary", 2)[-1]

@@ -165,4 +165,6 @@ def _tokenizer_class(path: Path):
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-    return cfg.get("tokenizer_class") if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict):  # a list or a number has no settings we could read: refused, not ignored
+        raise ModelLoadError(f"{path} is not a JSON object (it holds a {type(cfg).__name__})")
+    return cfg.get("tokenizer_class")

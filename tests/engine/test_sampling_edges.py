@@ -91,6 +91,7 @@ def test_a_request_failing_inside_the_step_fails_alone(make_llm, async_runner, s
     proc = params[1].logits_processors[0]  # an object without a __name__: named by its repr
     assert outs[1].error == f"logits processor {proc!r} failed: RuntimeError: forced failure"
     assert outs[1].token_ids == expected[1][:2]
+    assert outs[1].stats.num_truncated == 0  # it ends where it failed: nothing it emitted is cut
     assert [outs[0].token_ids, outs[2].token_ids] == [expected[0], expected[2]]
     # The engine keeps serving: the same LLM runs the same batch again, identically.
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == expected

@@ -77,3 +77,10 @@ def test_a_tokenizer_config_that_is_not_json_is_refused_by_its_path(tmp_path):
         load_tokenizer(tmp_path)
     assert str(refused.value) == (f"{tmp_path / 'tokenizer_config.json'} is not valid JSON: Expecting property name "
                                   f"enclosed in double quotes: line 1 column 2 (char 1)")
+
+
+def test_a_tokenizer_config_that_is_not_an_object_is_refused_by_its_path(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('["LlamaTokenizer"]')
+    with pytest.raises(ModelLoadError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == f"{tmp_path / 'tokenizer_config.json'} is not a JSON object (it holds a list)"

@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
 
 
+def run_stage(tmp_path, stage: str, **env) -> subprocess.CompletedProcess:
+    """The script's `stage` on the CPU with the tiny benchmark shape, reports under tmp_path/out;
+    it must exit 0."""
+    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
+               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(tmp_path / "out"), **env)
+    proc = subprocess.run(["bash", str(SCRIPT), stage], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def test_the_script_is_well_formed_shell():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     if shutil.which("shellcheck"):
@@ -38,11 +49,7 @@ def test_pack_leaves_one_archive_of_every_report(tmp_path):
 
 def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
-               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out), MATMUL1B_ARGS="--rows 1,8 --variants eager")
-    proc = subprocess.run(["bash", str(SCRIPT), "matmul1b"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_stage(tmp_path, "matmul1b", MATMUL1B_ARGS="--rows 1,8 --variants eager")
     assert "matmul1b         rc=0" in proc.stdout
     report = json.loads((out / "matmul1b.json").read_text())
     assert {(t["matrix"], t["rows"]) for t in report["timings"]} == {
@@ -53,13 +60,8 @@ def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_sh
 @pytest.mark.slow
 def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
-               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out),
-               BENCH1B_DECODE_ARGS="--prompt-len 8 --max-tokens 6 --legs 1",
-               BENCH1B_LEG_ARGS="--num-prompts 2 --max-tokens 6 --legs 2")
-    proc = subprocess.run(["bash", str(SCRIPT), "bench1b"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_stage(tmp_path, "bench1b", BENCH1B_DECODE_ARGS="--prompt-len 8 --max-tokens 6 --legs 1",
+                     BENCH1B_LEG_ARGS="--num-prompts 2 --max-tokens 6 --legs 2")
     for step in ("write", "load", "decode", "peer", "summary"):
         assert f"bench1b-{step:<8} rc=0" in proc.stdout, step
     summary = json.loads((out / "bench1b.json").read_text())
@@ -74,7 +76,7 @@ def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_pa
     assert (out / "bench1b.png").read_bytes()[:4] == b"\x89PNG"
     table = proc.stdout.split("bench1b-summary", 2)[-1]
     assert "ms per plain decode step" in table and "HBM floor" in table and "transformers peer: not run" in table
-    oracle = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--help"], cwd=REPO, env=env,
+    oracle = subprocess.run([sys.executable, "-m", "specgate_cli", "bench", "--help"], cwd=REPO,
                             capture_output=True, text=True).stdout
     if "--oracle-tau" in oracle:
         assert summary["spec_rows"] and "bench oracle-4.3 c=1" in table
@@ -87,11 +89,7 @@ def test_the_startup_stage_measures_cold_and_warm_on_the_fixtures_and_the_1b_fol
     """On the CPU with the reference forward (a CPU compile takes minutes) and the tiny shape: both
     steps run and write their reports; on the GPU the stage times the compiled forward."""
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, BENCH_DEVICE="cpu", BENCH1B_SHAPE="tiny",
-               BENCH1B_DIR=str(tmp_path / "model"), OUT=str(out), STARTUP_ARGS="--no-compile")
-    proc = subprocess.run(["bash", str(SCRIPT), "startup"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_stage(tmp_path, "startup", STARTUP_ARGS="--no-compile")
     for step in ("startup", "startup1b-write", "startup1b"):
         assert re.search(rf"^== {step}\s+rc=0 ", proc.stdout, re.M), step
     for name in ("startup.json", "startup1b.json"):

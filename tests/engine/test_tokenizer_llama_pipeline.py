@@ -71,16 +71,12 @@ def test_a_llama_class_over_a_model_that_is_not_bpe_is_refused_by_name(tmp_path,
                                   f"'{model['type']}' tokenizer.json is not supported (only BPE, as Llama 2 ships)")
 
 
-def test_a_tokenizer_config_that_is_not_json_is_refused_by_its_path(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text("{not json")
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ('["LlamaTokenizer"]', "is not a JSON object (it holds a list)"),
+])
+def test_a_tokenizer_config_that_cannot_be_read_is_refused_by_its_path(tmp_path, text, why):
+    (tmp_path / "tokenizer_config.json").write_text(text)
     with pytest.raises(ModelLoadError) as refused:
         load_tokenizer(tmp_path)
-    assert str(refused.value) == (f"{tmp_path / 'tokenizer_config.json'} is not valid JSON: Expecting property name "
-                                  f"enclosed in double quotes: line 1 column 2 (char 1)")
-
-
-def test_a_tokenizer_config_that_is_not_an_object_is_refused_by_its_path(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text('["LlamaTokenizer"]')
-    with pytest.raises(ModelLoadError) as refused:
-        load_tokenizer(tmp_path)
-    assert str(refused.value) == f"{tmp_path / 'tokenizer_config.json'} is not a JSON object (it holds a list)"
+    assert str(refused.value) == f"{tmp_path / 'tokenizer_config.json'} {why}"

@@ -61,3 +61,17 @@ def test_a_host_buffer_is_refilled_only_after_its_last_copy_inside_a_declared_wa
     assert event.waited_as == ([] if done else ["staging buffer reuse"])
     assert declared.counts == ({} if done else {"staging buffer reuse": 1}) and declared.active is None
     assert views.slots.tolist() == [0, 1]
+
+
+def test_a_shape_seen_again_gets_the_same_device_tensors_with_the_new_values():
+    """A shape's views are made once (engine/staging.py, Layout): a graph bucket's inputs stay
+    where its graph was captured, and a step pays no tensor op to find them."""
+    staging = InputStaging(MAX_ROWS, MAX_TOKENS, WIDTH, "cpu", DeclaredSyncs())
+    first = staging.upload(columns(2, 3), 2, 3)
+    other = staging.upload(columns(3, 5), 3, 5)
+    cols = columns(2, 3)
+    cols.slots, cols.host_token_ids = [7, 8], [4, 5, 6]
+    again = staging.upload(cols, 2, 3)
+    assert again is first and other is not first
+    assert again.slots.tolist() == [7, 8] and again.host_token_ids.tolist() == [4, 5, 6]
+    assert again.block_tables.shape == (2, WIDTH) and again.top_p.tolist() == cols.top_p

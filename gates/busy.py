@@ -29,6 +29,16 @@ gates/idle.py); the ranges cost the host about 1 µs each, six a step. On the H2
 0.9006; with the results packed inside the graph and copied into a pinned ring allocated once
 (b109e08) it fell to 0.059 ms (launch 0.027, read 0.018, upload 0.014) and the level rose to 0.9808.
 
+The profiler is not free to the host it watches: each op and each kernel of a replay costs it
+time, which the engine's loop pays inside its phases. On the H200 (2026-12-03, engine f9db06228c60,
+the 1B shape, compiled, c=8) the async graph arm's launch phase took 1.54 ms a step under the
+profiler (upload 0.37 of it), where the bench's unprofiled clock read launch 0.46 and upload 0.10
+at c=1, and the level sat at the threshold: 0.9419 in one round, 0.9608 in the next. So every leg
+also runs the same window unprofiled, timed by a CUDA event pair around each step's device work
+(StepSpans, span_busy), and the evidence carries that level and the host's time per phase beside
+the profiled ones (`unprofiled`). Reported, not judged, until a GPU round shows how far apart the
+two levels are.
+
 The async runner exists to keep the device fed while the host plans the next step. In the
 graph arm a step is one replay, so the sync runner leaves the device idle while it plans: there
 the async runner's median busy fraction must reach the threshold (--busy-threshold, default per
@@ -43,6 +53,9 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from engine.bench.legs import fold_phases
+from engine.bench.metrics import StepPhases
+from engine.clock import NullClock
 from gates.idle import host_phase_ranges, host_ranges, idle_by_phase, idle_gaps, time_in_phase
 from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
 from gates.plugin import DEFAULT_MODELS, option
@@ -142,6 +155,56 @@ def measure_decode(llm, params) -> DecodeBusy:
                       steps, idle_by_phase(idle_gaps(submitted, span), host), time_in_phase(host, span))
 
 
+class StepSpans(StepPhases):
+    """The bench's step clock (host time per phase by perf_counter, a CUDA event pair around each
+    step's device work, engine/bench/metrics.py), keeping every step's pair: the level measured
+    without the profiler."""
+
+    def __init__(self):
+        super().__init__(cuda=True)
+        self.spans: list[tuple] = []
+
+    def end_gpu(self, span):
+        self.spans.append(super().end_gpu(span))
+        return span
+
+
+def span_busy(spans: list[tuple]) -> float:
+    """The busy fraction of a window of steps from their event pairs (stream-ordered on one
+    stream, so the pairs do not overlap): the device's time inside the steps over the time from
+    the first step's start to the last step's end. The result download, queued right after a
+    step's end event, counts as idle here; the profiler's level counts it as busy."""
+    origin = spans[0][0]
+    intervals = [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in spans]
+    return busy_fraction(intervals, (0.0, intervals[-1][1]))
+
+
+@dataclass(frozen=True)
+class UnprofiledBusy:
+    busy: float    # span_busy of the decode steps
+    phases: dict   # StepPhases.as_dict(): host ms per phase, GPU ms per step
+
+
+def measure_unprofiled(llm, params) -> UnprofiledBusy:
+    """measure_decode's window with no profiler: the profiler charges the host for every op and
+    every kernel of a replay (on the H200's 1B shape its launch phase read 1.54 ms a step under
+    the profiler, where the bench's unprofiled clock reads 0.46 ms at c=1), so a level measured
+    under it can show a host-bound loop the engine does not have. Evidence beside the level."""
+    reqs = [llm.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(NUM_REQS)]
+    while not all(r.output_token_ids for r in reqs):
+        llm.step()
+    torch.cuda.synchronize()
+    llm.clock = clock = StepSpans()
+    try:
+        while llm.has_unfinished():
+            llm.step()
+        torch.cuda.synchronize()
+    finally:
+        llm.clock = NullClock()
+    assert clock.spans, "the unprofiled window launched no step"
+    return UnprofiledBusy(span_busy(clock.spans), clock.as_dict())
+
+
 def ms_per_step(legs: list[DecodeBusy], field: str) -> dict[str, float]:
     """A per-phase figure of the legs (idle_ns: the device's idle time by the host phase open
     during it; host_ns: the host's time in each phase, gates/idle.py) in ms per step."""
@@ -162,17 +225,20 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
         llm.generate([PROMPTS[i % len(PROMPTS)] for i in range(NUM_REQS)], params)
     busy, kernel_busy, grouped = {"sync": [], "async": []}, {"sync": [], "async": []}, []
     idle = {"sync": [], "async": []}
+    unprofiled: dict[str, list[UnprofiledBusy]] = {"sync": [], "async": []}
     for i in range(WARMUP_LEGS + LEGS):
         for runner in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
             measured = measure_decode(engines[runner], params)
+            plain = measure_unprofiled(engines[runner], params)
             warm = i >= WARMUP_LEGS
             if warm:
                 busy[runner].append(measured.busy)
                 kernel_busy[runner].append(measured.kernel_busy)
                 idle[runner].append(measured)
+                unprofiled[runner].append(plain)
             gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=measured.busy,
                              kernel_busy=measured.kernel_busy, submissions=measured.submissions,
-                             replays=measured.replays)
+                             replays=measured.replays, unprofiled_busy=plain.busy)
             grouped.append(measured.grouped(graph))
             gate_record.occurred(f"{runner} runner")
     gate_record.occurred(f"{arm} arm", not graph or engines["async"].runner.num_graph_replays > 0)
@@ -188,6 +254,10 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
              "threshold": threshold if graph else None, "threshold_source": why if graph else None}
     level["idle_ms_per_step"] = {runner: ms_per_step(idle[runner], "idle_ns") for runner in idle}
     level["host_ms_per_step"] = {runner: ms_per_step(idle[runner], "host_ns") for runner in idle}
+    # Reported, not judged (yet): the same window without the profiler's cost to the host.
+    level["unprofiled"] = {f"{runner}_level": round(median([u.busy for u in unprofiled[runner]]), 4)
+                           for runner in unprofiled} | {
+        "phases": {runner: fold_phases([u.phases for u in unprofiled[runner]]) for runner in unprofiled}}
     gate_record.measure(**level, **figures)
     gate_record.occurred("level checked", not graph or level["threshold"] is not None)
     if graph:

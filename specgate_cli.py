@@ -217,14 +217,14 @@ def _measure_startup(args) -> int:
     """`specgate bench --measure-startup`: building the engine and its first request, cold (an empty
     inductor cache) and warm, each in a fresh child process (engine/bench/startup.py)."""
     from engine.bench.startup import CACHE_STATES, measure_startup
-    from engine.config import resolve_compile, resolve_graph
+    from engine.config import ARMS, FORWARDS, resolve_compile, resolve_graph
     max_model_len = _max_model_len(args)
     engine = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args), device=args.device,
                   async_runner=args.async_runner, graph=args.graph, compile=args.compile, max_model_len=max_model_len,
                   max_num_batched_tokens=max(2048, max_model_len), **({"dtype": args.dtype} if args.dtype else {}))
     result = measure_startup(args.model, engine)
-    forward = "compiled" if resolve_compile(args.compile, args.device) else "reference"
-    arm = "graph" if resolve_graph(args.graph, args.device) else "eager"
+    forward = FORWARDS[resolve_compile(args.compile, args.device)]
+    arm = ARMS[resolve_graph(args.graph, args.device)]
     print(f"start-up of {args.model} on {args.device}, the {forward} forward, {arm} arm:")
     for state in CACHE_STATES:
         m = result[state]

@@ -24,6 +24,9 @@ LLAMA_EOS_TOKEN_ID = 2
 # The two forwards: the reference modules (engine/model.py), or the same arithmetic fused and
 # compiled by inductor (engine/fused.py); indexed by EngineConfig.compile.
 FORWARDS = ("reference", "compiled")
+# The two arms: each kernel of a step launched from the host, or the step as one CUDA graph
+# replay (engine/runner.py); indexed by the resolved EngineConfig.graph.
+ARMS = ("eager", "graph")
 SPEC_METHODS = (None, "ngram", "block", "oracle")  # oracle: benchmarks only, handed in (engine/bench/oracle.py)
 
 

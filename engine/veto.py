@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import FORWARDS
+from engine.config import ARMS, FORWARDS
 from engine.errors import SpecgateError
 from engine.policy import RunnerPolicy
 
@@ -32,7 +32,7 @@ ENV_VAR = "VT_ASYNC_RUNNER"
 ENGINE_DIR = Path(__file__).resolve().parent
 EVIDENCE_FILE = ENGINE_DIR / "veto-evidence.json"
 LIFT, KEEP = "LIFT", "KEEP"
-DEVICE_KINDS, ARMS = ("cpu", "cuda"), ("eager", "graph")  # what evidence may name (engine/config.py's words)
+DEVICE_KINDS = ("cpu", "cuda")  # what evidence may name, with engine/config.py's FORWARDS and ARMS
 REFRESH = ("run the gates on a GPU (scripts/gpu-check.sh env gates verdict), then "
            "`specgate gates verdict REPORT.json ... --record`")
 
@@ -104,7 +104,7 @@ def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None
     forward = "compiled" if compiled else "reference"
     if forward not in evidence.forwards:
         return f"the veto evidence judged the {' and '.join(evidence.forwards)} forward, not the {forward} one"
-    arm = "graph" if graph else "eager"
+    arm = ARMS[bool(graph)]
     if arm not in evidence.arms:
         covers = f"the {' and '.join(evidence.arms)} arm" if evidence.arms else "no arm"
         return (f"the veto evidence lifts {covers}, not the {arm} arm (the async runner gains only where a "

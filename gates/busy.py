@@ -56,6 +56,7 @@ from engine import SamplingParams
 from engine.bench.legs import fold_phases
 from engine.bench.metrics import StepPhases
 from engine.clock import NullClock
+from engine.config import ARMS
 from gates.idle import host_phase_ranges, host_ranges, idle_by_phase, idle_gaps, time_in_phase
 from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
 from gates.plugin import DEFAULT_MODELS, option
@@ -215,7 +216,7 @@ def ms_per_step(legs: list[DecodeBusy], field: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
-    arm = "graph" if graph else "eager"
+    arm = ARMS[graph]
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     engines = {runner: make_llm(device="cuda", spec="ngram", num_spec_tokens=4, graph=graph,
                                 max_num_seqs=NUM_REQS, async_runner=runner == "async")

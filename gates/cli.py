@@ -10,7 +10,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.veto import ARMS, EVIDENCE_FILE
+from engine.config import ARMS
+from engine.veto import EVIDENCE_FILE
 from gates import report
 from gates.argtypes import choice_list, device, float_in, folder, int_at_least, output_file
 from gates.registry import FORWARDS, GATES, by_name

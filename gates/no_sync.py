@@ -32,6 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from engine import SamplingParams
+from engine.config import ARMS
 from gates.workloads import DRAFTERS, PROMPTS, observe_plans
 
 HAS_CUDA = torch.cuda.is_available()
@@ -171,7 +172,7 @@ def test_async_decode_loop_makes_no_undeclared_host_read(make_llm, gate_record, 
                              declared=dict(counted))
         pytest.fail(f"{len(reads.undeclared)} undeclared host reads in the async loop, first: "
                     f"{reads.undeclared[0]}", pytrace=False)
-    arm = "graph" if graph else "eager"
+    arm = ARMS[graph]
     gate_record.occurred(drafter)
     gate_record.occurred("steps checked", steps > 0 and bool(plans))
     gate_record.occurred("num_reqs>1", any(n > 1 for _, _, n, _ in plans))

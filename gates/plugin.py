@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import FORWARDS
-from engine.veto import ARMS
+from engine.config import ARMS, FORWARDS
 from gates import report as verdicts
 from gates.argtypes import choice_list
 from gates.provenance import judged
@@ -103,7 +102,7 @@ def arm_of(item) -> str | None:
     if "graph_arm" in params:
         return params["graph_arm"]
     if isinstance(params.get("graph"), bool):
-        return "graph" if params["graph"] else "eager"
+        return ARMS[params["graph"]]
     return None
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
 # gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
-# the veto verdict over those runs (REPEAT_TIMED_ARMS=graph: the later rounds time the graph arm
-# alone, the one the verdict judges), the proof
+# the veto verdict over those runs (TIMED_ARMS=graph: the timed gates, busy and speed-ab, time the
+# graph arm alone, the one the verdict judges, in every round and in gates1b; REPEAT_TIMED_ARMS:
+# in the later rounds only), the proof
 # with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
 # $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
 # (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
@@ -96,9 +97,12 @@ PY
             [ "$i" = 1 ] || [ -n "$names" ] || continue
             report="$OUT/gates-cuda-${PART:+$PART-}$i"
             # shellcheck disable=SC2086  # the gate names are words
-            # REPEAT_TIMED_ARMS (e.g. graph): the arms the timed gates measure in the later rounds
+            # TIMED_ARMS (e.g. graph): the arms the timed gates measure, every round; REPEAT_TIMED_ARMS
+            # in the later rounds
+            timed_arms=${TIMED_ARMS:-}
+            [ "$i" = 1 ] || timed_arms=${REPEAT_TIMED_ARMS:-$timed_arms}
             arms=()
-            [ "$i" = 1 ] || [ -z "${REPEAT_TIMED_ARMS:-}" ] || arms=(--timed-arms "$REPEAT_TIMED_ARMS")
+            [ -z "$timed_arms" ] || arms=(--timed-arms "$timed_arms")
             timed "gates-cuda-${PART:+$PART-}$i" timeout "${GATES_TIMEOUT:-0}" "$PY" -m specgate_cli gates run $names \
                 --device "$GATE_DEVICE" --jobs "${GATE_JOBS:-1}" "${arms[@]}" --json "$report.json" --junit "$report.xml"
         done
@@ -178,8 +182,10 @@ PY
             || continue
         # The fixture block drafter does not fit this target: its cases are skipped with the reason
         # and the ngram drafter runs every case; busy's level defaults to 0.95 for a 1B model.
+        arms=()
+        [ -z "${TIMED_ARMS:-}" ] || arms=(--timed-arms "$TIMED_ARMS")
         timed gates1b "$PY" -m specgate_cli gates run busy speed-ab no-sync --model "$BENCH1B_DIR" \
-            --device "$BENCH_DEVICE" --json "$OUT/gates1b.json" --junit "$OUT/gates1b.xml"
+            --device "$BENCH_DEVICE" "${arms[@]}" --json "$OUT/gates1b.json" --junit "$OUT/gates1b.xml"
         ;;
     startup)
         # shellcheck disable=SC2086  # STARTUP_ARGS is a list of words

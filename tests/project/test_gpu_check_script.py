@@ -113,3 +113,15 @@ def test_a_round_runs_in_parts_each_with_its_own_reports(tmp_path):
         report = json.loads((out / f"gates-cuda-x-{i}.json").read_text())
         assert [g["name"] for g in report["gates"]] == ["oracle"], i
         assert f"gates-cuda-x-{i}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_timed_arms_reaches_the_1b_stage_and_its_report_names_the_arm(tmp_path):
+    """TIMED_ARMS=graph: the 1B stage's timed gates measure the arm the verdict judges alone, and
+    the report says so (the eager arm's claim waived with the reason)."""
+    run_stage(tmp_path, "gates1b", TIMED_ARMS="graph")
+    report = json.loads((tmp_path / "out" / "gates1b.json").read_text())
+    assert report["environment"]["timed_arms"] == ["graph"]
+    speed = next(g for g in report["gates"] if g["name"] == "speed-ab")
+    assert speed["status"] == "green" and speed["num_cases"] > 0
+    assert speed["waived_claims"]["eager arm"] == "not measured: --timed-arms graph"

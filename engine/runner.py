@@ -94,13 +94,15 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan: StepPlan, clock=NullClock()) -> InFlight:
         """Queue the step's device work and the download of its results; returns without waiting."""
+        inputs = self._upload(plan, clock)
+        # The step's GPU span opens after the host staged its inputs: opened before, its start
+        # event fires at once on an idle device and the host's staging counts as device time.
         span = clock.begin_gpu()
         if plan.arm == "graph" and self.is_cuda:
-            out = self._replay(plan, clock)
+            out = self._replay(plan, inputs)
         else:
             processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
-            out = self.device_step(self._upload(plan, clock), step_sizes(plan), processors,
-                                   graph=plan.arm == "graph")
+            out = self.device_step(inputs, step_sizes(plan), processors, graph=plan.arm == "graph")
         span = clock.end_gpu(span)
         packed = out.packed_results(len(plan.requests))
         # Committed ids go to the host on every step, whatever else the step did. A CPU tensor is
@@ -215,16 +217,15 @@ class ModelRunner:
                            cu_num_logits=cu_num_logits, logits_indices=logits_indices, draft_token_ids=drafts,
                            packed=StepResult.pack(sampled, num_accepted, num_draft))
 
-    def _replay(self, plan: StepPlan, clock=NullClock()) -> StepOutputs:
+    def _replay(self, plan: StepPlan, inputs: StepInputs[torch.Tensor]) -> StepOutputs:
         """CUDA: a graph's inputs are the staging buffer's device views for its bucket, so the
-        upload is all the input copying a replay needs. Its outputs are returned without a
+        upload (`inputs`) is all the input copying a replay needs. Its outputs are returned without a
         clone: `launch` packs the results for download right after the step is queued,
         stream-ordered before the next replay overwrites them."""
         key = (plan.num_rows, plan.max_context_len)
         if key not in self.graphs:
             raise RuntimeError(f"no CUDA graph for (rows, context) {key}: capture_graphs() runs at start-up")
         graph, static_in, static_out = self.graphs[key]
-        inputs = self._upload(plan, clock)
         if inputs.slots.data_ptr() != static_in.slots.data_ptr():
             raise RuntimeError(f"graph {key}: the staged inputs moved since capture")
         graph.replay()

@@ -55,7 +55,6 @@ import torch
 from engine import SamplingParams
 from engine.bench.legs import fold_phases
 from engine.bench.metrics import StepPhases
-from engine.clock import NullClock
 from engine.config import ARMS
 from gates.idle import host_phase_ranges, host_ranges, idle_by_phase, idle_gaps, time_in_phase
 from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
@@ -169,12 +168,21 @@ class StepSpans(StepPhases):
         self.spans.append(super().end_gpu(span))
         return span
 
+    def add_completion(self, start: float, waited: float, span) -> None:
+        """A step launched before this clock was handed in (the async runner's step in flight)
+        has no span: its completion is not one of the window's steps."""
+        if span is not None:
+            super().add_completion(start, waited, span)
+
 
 def span_busy(spans: list[tuple]) -> float:
     """The busy fraction of a window of steps from their event pairs (stream-ordered on one
     stream, so the pairs do not overlap): the device's time inside the steps over the time from
-    the first step's start to the last step's end. The result download, queued right after a
-    step's end event, counts as idle here; the profiler's level counts it as busy."""
+    the first step's start to the last step's end. A pair opens once the host has staged the
+    step's inputs (engine/runner.py launch), so the host's staging is idle here as it is to the
+    device; the input copies before a pair and the result download after it (a few µs) count as
+    idle too, where the profiler's level counts them as busy. In the eager arm the host launches
+    each kernel inside the pair, so its gaps count as busy: that arm's figure is not comparable."""
     origin = spans[0][0]
     intervals = [(origin.elapsed_time(start), origin.elapsed_time(end)) for start, end in spans]
     return busy_fraction(intervals, (0.0, intervals[-1][1]))
@@ -195,13 +203,14 @@ def measure_unprofiled(llm, params) -> UnprofiledBusy:
     while not all(r.output_token_ids for r in reqs):
         llm.step()
     torch.cuda.synchronize()
-    llm.clock = clock = StepSpans()
+    previous, clock = llm.clock, StepSpans()
+    llm.clock = clock
     try:
         while llm.has_unfinished():
             llm.step()
         torch.cuda.synchronize()
     finally:
-        llm.clock = NullClock()
+        llm.clock = previous
     assert clock.spans, "the unprofiled window launched no step"
     return UnprofiledBusy(span_busy(clock.spans), clock.as_dict())
 

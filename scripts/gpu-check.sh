@@ -96,13 +96,13 @@ PY
             names=$([ "$i" = 1 ] && echo "${GATES:-}" || echo "$repeat")
             [ "$i" = 1 ] || [ -n "$names" ] || continue
             report="$OUT/gates-cuda-${PART:+$PART-}$i"
-            # shellcheck disable=SC2086  # the gate names are words
             # TIMED_ARMS (e.g. graph): the arms the timed gates measure, every round; REPEAT_TIMED_ARMS
             # in the later rounds
             timed_arms=${TIMED_ARMS:-}
             [ "$i" = 1 ] || timed_arms=${REPEAT_TIMED_ARMS:-$timed_arms}
             arms=()
             [ -z "$timed_arms" ] || arms=(--timed-arms "$timed_arms")
+            # shellcheck disable=SC2086  # the gate names are words
             timed "gates-cuda-${PART:+$PART-}$i" timeout "${GATES_TIMEOUT:-0}" "$PY" -m specgate_cli gates run $names \
                 --device "$GATE_DEVICE" --jobs "${GATE_JOBS:-1}" "${arms[@]}" --json "$report.json" --junit "$report.xml"
         done

@@ -85,8 +85,9 @@ class StepPhases:
     waiting for a step's results and committing them on the host (`completion_wait` is the
     waiting part). On the CPU the device work runs on the host inside launch, so there is no
     GPU time. gpu: the span between CUDA events recorded before and after the step's device work
-    on the compute stream (idle gaps inside the step included), read after the step's results
-    arrived, so measuring adds no host wait."""
+    on the compute stream, opened once the host has staged the step's inputs (idle gaps inside
+    the step included: in the eager arm, the host's launching between kernels), read after the
+    step's results arrived, so measuring adds no host wait."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda

@@ -94,3 +94,36 @@ def test_outside_the_bench_the_phase_clock_does_nothing(monkeypatch):
     assert clock.begin_gpu() is None and clock.end_gpu(None) is None
     clock.launched()
     clock.add_completion(clock.now(), clock.now(), None)
+
+
+class CallOrder(NullClock):
+    """A step clock that writes down what the engine calls, in order."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def mark(self, phase: str) -> None:
+        self.calls.append(phase)
+
+    def begin_gpu(self) -> None:
+        self.calls.append("begin_gpu")
+
+    def end_gpu(self, span) -> None:
+        self.calls.append("end_gpu")
+
+    def launched(self) -> None:
+        self.calls.append("launched")
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_a_steps_gpu_span_opens_after_the_host_staged_its_inputs(make_llm, graph):
+    """Opened before the upload, a step's start event fires at once on an idle device and the
+    host's staging counts as device time (in the bench's GPU ms and in busy's unprofiled level)."""
+    from engine import SamplingParams
+    llm = make_llm(spec="ngram", num_spec_tokens=3, async_runner=True, graph=graph)
+    llm.clock = clock = CallOrder()
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    llm.generate(["the cat sat on the mat", "a b a b a b"], params)
+    step = ["plan", "upload", "begin_gpu", "end_gpu", "launched"]
+    steps = len(clock.calls) // len(step)
+    assert steps > 1 and clock.calls == step * steps

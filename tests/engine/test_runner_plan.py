@@ -291,10 +291,10 @@ def test_a_graph_replay_reads_its_inputs_in_place_and_counts_each_replay():
                              f"graph {key}: the staged inputs moved since capture")]:
         runner.graphs = graphs
         with pytest.raises(RuntimeError) as refused:
-            runner._replay(p)
+            runner._replay(p, runner._upload(p))
         assert str(refused.value) == message
     runner.graphs = {key: (graph, runner._upload(p), outputs)}
-    assert runner._replay(p) is outputs and runner._replay(p) is outputs
+    assert runner._replay(p, runner._upload(p)) is outputs and runner._replay(p, runner._upload(p)) is outputs
     assert graph.replays == runner.num_graph_replays == 2
 
 

@@ -45,3 +45,13 @@ def test_the_clock_keeps_every_steps_event_pair_and_records_its_end():
         assert clock.end_gpu(pair) is pair
     assert clock.spans == pairs and all(end.recorded for _, end in pairs)
     assert clock.cuda  # its host phases are the bench's, with the GPU span per step
+
+
+def test_a_step_launched_before_the_clock_was_handed_in_is_not_one_of_its_steps():
+    """The async runner completes the step in flight when the window opens: it has no span, and
+    neither its host time nor its GPU time is the window's."""
+    clock = StepSpans()
+    clock.add_completion(0.0, 0.0, None)
+    assert clock.seconds["completion"] == 0.0 and clock.gpu_steps == 0
+    clock.add_completion(0.0, 0.0, (Event(1.0), Event(3.5)))
+    assert clock.gpu_steps == 1 and clock.gpu_ms == 2.5

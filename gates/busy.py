@@ -122,14 +122,20 @@ class DecodeBusy:
         return 0 < self.replays <= self.submissions < self.activities
 
 
-def measure_decode(llm, params) -> DecodeBusy:
-    """Prefill every request, then profile the decode steps; the busy fractions of that window."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
+def prefill(llm, params) -> None:
+    """Add the leg's requests and step until every one has its first token: the decode window
+    (measure_decode, measure_unprofiled) starts on a drained device after it."""
     reqs = [llm.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(NUM_REQS)]
     while not all(r.output_token_ids for r in reqs):
         llm.step()
     torch.cuda.synchronize()
+
+
+def measure_decode(llm, params) -> DecodeBusy:
+    """Prefill every request, then profile the decode steps; the busy fractions of that window."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+    prefill(llm, params)
     replays_before = llm.runner.num_graph_replays
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, host_phase_ranges(llm):
         with record_function(DECODE_RANGE):
@@ -199,10 +205,7 @@ def measure_unprofiled(llm, params) -> UnprofiledBusy:
     every kernel of a replay (on the H200's 1B shape its launch phase read 1.54 ms a step under
     the profiler, where the bench's unprofiled clock reads 0.46 ms at c=1), so a level measured
     under it can show a host-bound loop the engine does not have. Evidence beside the level."""
-    reqs = [llm.add_request(PROMPTS[i % len(PROMPTS)], params) for i in range(NUM_REQS)]
-    while not all(r.output_token_ids for r in reqs):
-        llm.step()
-    torch.cuda.synchronize()
+    prefill(llm, params)
     previous, clock = llm.clock, StepSpans()
     llm.clock = clock
     try:

@@ -41,8 +41,8 @@ def add_gates_parser(subparsers, proven_against: Mapping[str, tuple[str, ...]] |
                      "compare greedy tokens across batch shapes: on a bfloat16 folder use float32, since bf16 "
                      "matmuls round differently per batch shape and a near tie can flip a token")
     run.add_argument("--busy-threshold", type=float_in(0.0, 1.0, lo_open=True), default=None, metavar="LEVEL",
-                     help="busy gate: the busy fraction the async graph arm must reach (default per model: "
-                     "0.95 for the 1B shape and larger, 0.50 for the fixtures; see gates/busy.py)")
+                     help="busy gate: the busy fraction the async graph arm must reach, measured without "
+                     "the profiler, and the sync runner must not (default 0.95; see gates/busy.py)")
     run.add_argument("--forwards", type=choice_list(*FORWARDS), default=None, metavar="F[,F]",
                      help="the forwards the gates judge: reference (compile=False), compiled (compile=True). Default: "
                      "both with --device cuda, where each forward-dependent gate runs its engine tests once per "

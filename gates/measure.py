@@ -211,10 +211,12 @@ class PairedMedianAB:
 def judge_busy(arm: str, ab: PairedMedianAB, threshold: float | None) -> list[str]:
     """Why the busy gate is red for one arm ([] when it is green).
 
-    Graph arm: the async runner's median busy fraction must reach `threshold` (the level), and
-    the async runner must be busier than the sync runner beyond the floor (a host that blocks on
-    each step's results is as idle as the sync runner). Eager arm (launch-bound on small models):
-    the async runner must only not be less busy beyond the floor."""
+    Graph arm: the async runner's median busy fraction must reach `threshold` (the level), the
+    sync runner's must not (the negative control: a level the blocking runner also reaches cannot
+    tell a blocking host from a fed device), and the async runner must be busier than the sync
+    runner beyond the floor (a host that blocks on each step's results is as idle as the sync
+    runner). Eager arm (launch-bound on small models): the async runner must only not be less busy
+    beyond the floor."""
     figures = ab.as_dict()
     named = "; outliers named: " + ", ".join(f"{o['runner']} leg {o['leg']} = {o['value']}"
                                              for o in figures["outliers"]) if figures["outliers"] else ""
@@ -228,6 +230,11 @@ def judge_busy(arm: str, ab: PairedMedianAB, threshold: float | None) -> list[st
         if threshold is not None and median(ab.b) < threshold:
             problems.append(f"the async runner's busy level {median(ab.b):.3f} is under the threshold "
                             f"{threshold}: {summary}")
+        if threshold is not None and median(ab.a) >= threshold:
+            problems.append(f"the negative control passed: the sync runner's busy level {median(ab.a):.3f} "
+                            f"reaches the threshold {threshold} too, so the level cannot tell a host that "
+                            f"blocks on each step on this model (pass a --busy-threshold between the sync "
+                            f"and the async level): {summary}")
         if not ab.b_is_worse and not ab.b_is_better:
             problems.append(f"the async runner shows no busy-time gain over the sync runner beyond the "
                             f"floor ({UNDER_THE_FLOOR}): {summary}")

@@ -214,15 +214,19 @@ def speed_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
     return out, figures
 
 
+# busy's figures the verdict keeps: the judged level (its measure: unprofiled in the graph arm),
+# the profiled level and its per-kernel union beside it.
+BUSY_FIGURES = ("arm", "measure", "async_level", "sync_level", "profiled_async_level", "profiled_sync_level",
+                "kernel_busy_async", "kernel_busy_sync", "threshold")
+
+
 def busy_reasons(gates: list[GateResult]) -> tuple[list[str], list[dict]]:
     """KEEP reasons from every CUDA busy result: the async graph arm's level at its threshold."""
     out, figures = [], []
     for gate in gates:
         for m in gate.measurements:
             forward = m.get("forward", UNRECORDED_FORWARDS[0])
-            figures.append({"forward": forward} | {k: m.get(k) for k in ("arm", "async_level", "sync_level",
-                                                                         "kernel_busy_async", "kernel_busy_sync",
-                                                                         "threshold")})
+            figures.append({"forward": forward} | {k: m.get(k) for k in BUSY_FIGURES})
             if m.get("threshold") is not None and m.get("async_level", 0) < m["threshold"]:
                 out.append(f"{BUSY_GATE} {m.get('arm')} arm, {forward} forward: async level {m.get('async_level')} "
                            f"under its threshold {m['threshold']}")

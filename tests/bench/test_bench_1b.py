@@ -145,14 +145,3 @@ def test_the_decode_command_writes_the_floor_and_every_arm(bench_tiny_dir, tmp_p
         assert all(per_c[c]["ms_per_step"] > 0 and len(per_c[c]["legs"]) == 1 for c in ("1", "2"))
     assert "graph/async c=2:" in capsys.readouterr().out
 
-
-def test_busy_gives_the_1b_folder_its_documented_default_threshold(tmp_path, target_dir):
-    """`gates run busy --model DIR` on the 1B folder: 0.95 by default (gates/busy.py), counted from
-    the model as busy counts it (every parameter of the loaded model), built here on the meta device."""
-    from engine.model import LlamaForCausalLM
-    from gates.busy import BILLION_SHAPE_THRESHOLD, default_threshold
-    cfg = ModelConfig.from_dict(config_dict(SHAPES["llama-1b"]))
-    with torch.device("meta"):
-        num_parameters = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
-    threshold, why = default_threshold(tmp_path / "llama-1b-seed0", num_parameters, target_dir)
-    assert (threshold, why) == (BILLION_SHAPE_THRESHOLD, "0.97B parameters: default 0.95 (1B shape and up)")

@@ -15,7 +15,7 @@ from gates.measure import (
 # Measured on the H200 at 3bee987 (graph arm, fixtures): leg 4 collapsed in both runners.
 H200_SYNC = [.435, .430, .434, .422, .345]
 H200_ASYNC = [.601, .593, .603, .596, .391]
-FIXTURE_THRESHOLD = 0.5
+THRESHOLD = 0.5  # a level between the synthetic legs' sync (~0.43) and async (~0.60) levels
 
 
 def test_one_collapsed_leg_is_named_and_does_not_hide_the_gain():
@@ -24,7 +24,7 @@ def test_one_collapsed_leg_is_named_and_does_not_hide_the_gain():
     assert ab.interval[0] > BUSY_MIN_EFFECT
     named = {(o["runner"], o["leg"]) for o in ab.as_dict()["outliers"]}
     assert named == {("sync", 4), ("async", 4), ("async-sync", 4)}
-    assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
+    assert judge_busy("graph", ab, THRESHOLD) == []
     # The range floor this replaces ((max - min) / mean, the larger runner's) called the same legs
     # noise: the red the H200 saw.
     mean_gain = sum(H200_ASYNC) / sum(H200_SYNC) - 1
@@ -36,7 +36,7 @@ def test_a_collapsed_leg_among_seven_changes_neither_median_nor_verdict():
     sync, asyn = H200_SYNC[:4] + [.431, .428, .345], H200_ASYNC[:4] + [.598, .600, .391]
     ab = PairedMedianAB("busy", sync, asyn)
     assert ab.result == "ahead" and ab.interval[0] > 0.1
-    assert judge_busy("graph", ab, FIXTURE_THRESHOLD) == []
+    assert judge_busy("graph", ab, THRESHOLD) == []
     assert [o["leg"] for o in outliers(asyn)] == [6]
 
 
@@ -44,7 +44,7 @@ def test_async_less_busy_than_sync_is_red_in_both_arms():
     ab = PairedMedianAB("busy", H200_ASYNC[:4] + [.598, .600, .604], H200_SYNC[:4] + [.431, .428, .433])
     assert ab.result == "behind"
     for arm in ("eager", "graph"):
-        problems = judge_busy(arm, ab, FIXTURE_THRESHOLD)
+        problems = judge_busy(arm, ab, THRESHOLD)
         assert any("less busy" in p for p in problems), problems
 
 
@@ -54,9 +54,9 @@ def test_negative_control_a_blocking_async_runner_is_as_idle_as_sync_and_red_in_
     blocking_async = [.431, .436, .429, .433, .427, .434, .430]
     ab = PairedMedianAB("busy", sync, blocking_async)
     assert ab.result == UNDER_THE_FLOOR
-    problems = judge_busy("graph", ab, FIXTURE_THRESHOLD)
+    problems = judge_busy("graph", ab, THRESHOLD)
     assert any(UNDER_THE_FLOOR in p for p in problems) and any("under the threshold" in p for p in problems)
-    assert judge_busy("eager", ab, FIXTURE_THRESHOLD) == []  # the eager arm asks only "not worse"
+    assert judge_busy("eager", ab, THRESHOLD) == []  # the eager arm asks only "not worse"
 
 
 def test_ahead_but_under_the_level_is_red():
@@ -89,14 +89,31 @@ def test_too_few_or_unpaired_legs_are_refused():
         PairedMedianAB("busy", [.4] * 5, [.5] * 6)
 
 
-def test_the_busy_threshold_defaults_per_model_and_refuses_an_unknown_small_one(tmp_path):
-    from fixtures import TARGET_DIR
-    from gates.busy import default_threshold
-    assert default_threshold(TARGET_DIR, 3_000_000, TARGET_DIR)[0] == FIXTURE_THRESHOLD
-    assert default_threshold(tmp_path, 1_240_000_000, TARGET_DIR)[0] == 0.95
-    with pytest.raises(pytest.UsageError, match="--busy-threshold"):
-        default_threshold(tmp_path, 50_000_000, TARGET_DIR)
+def test_the_busy_threshold_is_0_95_unless_given_and_a_given_one_must_be_a_fraction(monkeypatch):
+    from gates.busy import busy_threshold
 
+    class Config:
+        def getoption(self, name):
+            raise ValueError(name)  # run without the gates plugin: the environment decides
+    monkeypatch.delenv("SPECGATE_BUSY_THRESHOLD", raising=False)
+    assert busy_threshold(Config()) == (0.95, "default 0.95")
+    monkeypatch.setenv("SPECGATE_BUSY_THRESHOLD", "0.97")
+    assert busy_threshold(Config()) == (0.97, "given on the command line")
+    monkeypatch.setenv("SPECGATE_BUSY_THRESHOLD", "1.5")
+    with pytest.raises(pytest.UsageError, match="in \\(0, 1\\]"):
+        busy_threshold(Config())
+
+
+def test_a_level_the_sync_runner_also_reaches_is_red_for_its_negative_control():
+    """On a model whose step dwarfs the host's work even the blocking runner keeps the device busy:
+    a level both runners reach tells nothing, and the gate says so instead of going green."""
+    sync = [.955, .957, .956, .954, .958, .956, .955]
+    ab = PairedMedianAB("busy", sync, [v + .03 for v in sync], min_effect=BUSY_MIN_EFFECT)
+    assert ab.result == "ahead"
+    (problem,) = judge_busy("graph", ab, 0.95)
+    assert problem.startswith("the negative control passed: the sync runner's busy level 0.956 reaches")
+    assert judge_busy("graph", ab, 0.97) == []
+    assert judge_busy("eager", ab, None) == []
 
 def test_the_host_read_hook_flags_undeclared_reads_and_counts_declared_ones():
     import torch

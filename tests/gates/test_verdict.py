@@ -134,12 +134,15 @@ def test_busy_under_its_threshold_in_any_report_is_keep():
 
 
 def test_a_red_gate_s_figures_are_the_evidence_of_what_kept_the_veto():
-    level = {"arm": "graph", "forward": "compiled", "async_level": 0.9006, "sync_level": 0.6824, "threshold": 0.95}
+    level = {"arm": "graph", "forward": "compiled", "measure": "unprofiled: CUDA event pair per step (span_busy)",
+             "async_level": 0.9006, "sync_level": 0.6824, "profiled_async_level": 0.8807, "threshold": 0.95}
     v = decide([report(busy=gate("busy", "red", measurements=[level], reason="level under 0.95"),
                        speed_ab=gate("speed-ab", "red", measurements=speed_figures(graph_tpot=0.84)))])
     assert v.decision == verdict.KEEP
-    assert v.figures["busy"] == [{"forward": "compiled", "arm": "graph", "async_level": 0.9006, "sync_level": 0.6824,
-                                  "kernel_busy_async": None, "kernel_busy_sync": None, "threshold": 0.95}]
+    assert v.figures["busy"] == [{"forward": "compiled", "arm": "graph", "measure": level["measure"],
+                                  "async_level": 0.9006, "sync_level": 0.6824, "profiled_async_level": 0.8807,
+                                  "profiled_sync_level": None, "kernel_busy_async": None, "kernel_busy_sync": None,
+                                  "threshold": 0.95}]
     assert len(v.figures["speed-ab"]) == 2 * 2 * 4  # forwards x drafters x the graph arm's A/Bs
     assert "busy graph arm, compiled forward: async level 0.9006 under its threshold 0.95" in v.reasons
     errored = decide([report(busy=gate("busy", "error", measurements=[level]))])

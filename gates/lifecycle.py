@@ -154,18 +154,16 @@ def lifecycle_difference(life: LifecycleRun) -> Difference | None:
             return Difference("aborted request's output", e.step, e.request_id, -1,
                               ("abort", e.num_committed), (out.finish_reason, len(out.token_ids)))
     aborted_at = {e.request_id: e.step for e in life.events}
-    by_step = {s.step: s for s in life.run.trace}
     for s in life.run.trace:
         for r in s.requests:
             if r.request_id in aborted_at and s.step >= aborted_at[r.request_id]:
                 return Difference("aborted request planned after its abort", s.step, r.request_id, -1,
                                   "no row", f"a row in slot {r.slot}")
     for e in life.events:
-        held = by_step.get(e.step - 1)
-        mine = next((r for r in held.requests if r.request_id == e.request_id), None) if held else None
-        nxt = by_step.get(e.step)
-        if mine is None or nxt is None or nxt.launched_behind != held.step:
+        behind = launched_behind_abort(life, e)
+        if behind is None:
             continue  # the aborted request's step was read (drained) before the next was planned
+        mine, nxt = behind
         blocks = set(mine.block_table) - {life.sink_block}
         for r in nxt.requests:
             taken = r.slot == mine.slot or blocks & set(r.block_table)
@@ -176,6 +174,18 @@ def lifecycle_difference(life: LifecycleRun) -> Difference | None:
     if life.leaked:
         return Difference("slots and blocks freed after the run", -1, -1, -1, "all free", life.leaked)
     return None
+
+
+def launched_behind_abort(life: LifecycleRun, e) -> tuple | None:
+    """(the aborted request's row in the step in flight, the step launched behind it) when the
+    trace shows the next step launched while the aborted request's step was still unread; None
+    when that step was read before the next was planned (nothing of the request was in flight)."""
+    by_step = {s.step: s for s in life.run.trace}
+    held, nxt = by_step.get(e.step - 1), by_step.get(e.step)
+    mine = next((r for r in held.requests if r.request_id == e.request_id), None) if held else None
+    if mine is None or nxt is None or nxt.launched_behind != held.step:
+        return None
+    return mine, nxt
 
 
 def slot_reused(life: LifecycleRun) -> bool:
@@ -243,6 +253,9 @@ def note_lifecycle(gate_record, life: LifecycleRun) -> None:
     """The lifecycle checks of the run (its scheduler limits too), and the claims it covered."""
     gate_record.check(lifecycle_difference(life), f"{life.run.label()}: the aborts themselves")
     gate_record.check(limits_difference(life.run.trace), f"{life.run.label()}: scheduler limits")
-    gate_record.occurred("abort with a step in flight", any(e.in_flight for e in life.events))
+    # The request was in flight at its abort, and the trace shows the next step launched behind it:
+    # the slot and block check above ran (a trace that lost what was in flight skips it silently).
+    gate_record.occurred("abort with a step in flight",
+                         any(e.in_flight and launched_behind_abort(life, e) for e in life.events))
     gate_record.occurred("abort of a waiting request", any(e.status == "waiting" for e in life.events))
     gate_record.occurred("aborted slot reused by a new admission", slot_reused(life))

@@ -119,6 +119,12 @@ DEFECTS = (
            "emits nothing, and its slot and blocks are then given back while that step is in flight (an "
            "aborted request the backend still looks up).",
            ("combine", "emit-count", "predicate-split"), token_invisible=True),
+    Defect("trace-forgets-step-in-flight",
+           "The step trace loses what was in flight at each launch (StepTrace.launched_behind stays None), so "
+           "every check that reads it, an aborted request's slot and blocks held behind its step and the KV "
+           "reserved behind the step in flight, finds nothing to compare and passes by skipping: the class of "
+           "a check that goes quiet when its input is lost. Tokens unchanged.",
+           ("combine", "emit-count", "predicate-split"), token_invisible=True),
     Defect("gap-drops-drafts",
            "Draft state that lives one round: each step clears num_draft of every slot it did not run, so a "
            "running request left out of a step by the token budget comes back verifying no drafts (the "

@@ -13,7 +13,14 @@ from engine.outputs import RequestDelta
 from engine.policy import ASYNC
 from engine.request import Request
 from engine.scheduler import Scheduler
-from gates.lifecycle import ABORT_REUSE, ABORT_REUSE_ENGINE, lifecycle_difference, lifecycles, run_lifecycle
+from gates.lifecycle import (
+    ABORT_REUSE,
+    ABORT_REUSE_ENGINE,
+    launched_behind_abort,
+    lifecycle_difference,
+    lifecycles,
+    run_lifecycle,
+)
 from gates.workloads import params
 from helpers.liveness import drain
 from helpers.strategies import examples
@@ -176,3 +183,18 @@ def test_the_reuse_schedule_aborts_with_a_step_in_flight_and_hands_the_slot_on(m
                          **ABORT_REUSE_ENGINE)
     assert [(e.status, e.in_flight) for e in life.events] == [("waiting", False), ("running", True)]
     assert lifecycle_difference(life) is None
+
+
+def test_an_abort_counts_as_in_flight_only_where_the_trace_shows_the_next_step_launched_behind_it(make_llm):
+    """The claim "abort with a step in flight" stands for the slot-and-block check having run: a
+    trace that lost what was in flight at each launch (launched_behind) skips that check, and then
+    the claim must go unmet instead of the gate going green on a check that never ran."""
+    import dataclasses
+    life = run_lifecycle(make_llm, ABORT_REUSE, async_runner=True, spec="ngram", num_spec_tokens=3,
+                         **ABORT_REUSE_ENGINE)
+    (running,) = [e for e in life.events if e.in_flight]
+    mine, launched = launched_behind_abort(life, running)
+    assert mine.request_id == running.request_id and launched.step == running.step
+    lost = [dataclasses.replace(s, launched_behind=None) for s in life.run.trace]
+    blind = dataclasses.replace(life, run=dataclasses.replace(life.run, trace=lost))
+    assert launched_behind_abort(blind, running) is None

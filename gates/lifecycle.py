@@ -176,7 +176,7 @@ def lifecycle_difference(life: LifecycleRun) -> Difference | None:
     return None
 
 
-def launched_behind_abort(life: LifecycleRun, e) -> tuple | None:
+def launched_behind_abort(life: LifecycleRun, e: AbortEvent) -> tuple[RequestTrace, StepTrace] | None:
     """(the aborted request's row in the step in flight, the step launched behind it) when the
     trace shows the next step launched while the aborted request's step was still unread; None
     when that step was read before the next was planned (nothing of the request was in flight)."""

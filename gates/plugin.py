@@ -43,7 +43,8 @@ def pytest_addoption(parser):
     group.addoption("--dtype", default=None, help="dtype the gates run the engine in (default: $SPECGATE_DTYPE, "
                     "else the model folder's own)")
     group.addoption("--busy-threshold", default=None, help="busy gate: the busy fraction the async runner's "
-                    "graph arm must reach (default: $SPECGATE_BUSY_THRESHOLD, else per model, see gates/busy.py)")
+                    "graph arm must reach without the profiler, and the sync runner's must not (default: "
+                    "$SPECGATE_BUSY_THRESHOLD, else 0.95, see gates/busy.py)")
     group.addoption("--forwards", default=None, help="forwards the gates judge, comma-separated: reference, "
                     "compiled (default: $SPECGATE_FORWARDS, else both with a cuda --device, the reference on the "
                     "CPU, both on the CPU under the deep profile; see gates/conftest.py for what each runs)")

@@ -181,7 +181,7 @@ PY
         timed gates1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
             || continue
         # The fixture block drafter does not fit this target: its cases are skipped with the reason
-        # and the ngram drafter runs every case; busy's level defaults to 0.95 for a 1B model.
+        # and the ngram drafter runs every case; busy's level defaults to 0.95, as on every model.
         arms=()
         [ -z "${TIMED_ARMS:-}" ] || arms=(--timed-arms "$TIMED_ARMS")
         timed gates1b "$PY" -m specgate_cli gates run busy speed-ab no-sync --model "$BENCH1B_DIR" \

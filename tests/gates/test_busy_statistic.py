@@ -98,7 +98,7 @@ def test_the_busy_threshold_is_0_95_unless_given_and_a_given_one_must_be_a_fract
     monkeypatch.delenv("SPECGATE_BUSY_THRESHOLD", raising=False)
     assert busy_threshold(Config()) == (0.95, "default 0.95")
     monkeypatch.setenv("SPECGATE_BUSY_THRESHOLD", "0.97")
-    assert busy_threshold(Config()) == (0.97, "given on the command line")
+    assert busy_threshold(Config()) == (0.97, "given (--busy-threshold or SPECGATE_BUSY_THRESHOLD)")
     monkeypatch.setenv("SPECGATE_BUSY_THRESHOLD", "1.5")
     with pytest.raises(pytest.UsageError, match="in \\(0, 1\\]"):
         busy_threshold(Config())
@@ -114,6 +114,7 @@ def test_a_level_the_sync_runner_also_reaches_is_red_for_its_negative_control():
     assert problem.startswith("the negative control passed: the sync runner's busy level 0.956 reaches")
     assert judge_busy("graph", ab, 0.97) == []
     assert judge_busy("eager", ab, None) == []
+
 
 def test_the_host_read_hook_flags_undeclared_reads_and_counts_declared_ones():
     import torch
@@ -173,3 +174,15 @@ def test_the_a_b_reports_name_both_runners_and_round_every_figure_to_4_places():
     p = PairedMedianAB("busy", [0.41234567, 0.42, 0.43, 0.44, 0.45], [0.51234567, 0.52, 0.53, 0.54, 0.56]).as_dict()
     assert p["sync_legs"][0] == 0.4123 and p["async_legs"][0] == 0.5123
     assert all(type(v) is float and round(v, 4) == v for v in p["interval"]) and p["interval"][0] < p["interval"][1]
+
+
+def test_the_graph_arm_is_judged_on_the_unprofiled_legs_and_the_eager_arm_on_the_profiled_ones():
+    """The profiler costs the host it watches, so the graph arm's verdict reads the legs measured
+    without it; in the eager arm the host's launches sit inside each step's event pair, so there
+    the profiled legs are judged."""
+    from gates.busy import UnprofiledBusy, judged_legs
+    profiled = {"sync": [.60, .61], "async": [.90, .91]}
+    unprofiled = {runner: [UnprofiledBusy(level, {}) for level in levels]
+                  for runner, levels in {"sync": [.80, .81], "async": [.98, .99]}.items()}
+    assert judged_legs(True, profiled, unprofiled) == {"sync": [.80, .81], "async": [.98, .99]}
+    assert judged_legs(False, profiled, unprofiled) == profiled

@@ -47,7 +47,9 @@ higher unprofiled (fixtures, reference forward, 0.85 against 0.61 profiled) and 
 negative control's margin; a host that waits between steps is still idle here, which is what the
 gate asks. The profiled level, its per-kernel union and the idle time by host phase stay in the
 evidence beside it. In the eager arm the host launches each kernel inside the pair, so there the
-profiled level is judged.
+profiled level is judged. Each unprofiled window also records the cores other processes took
+of the host meanwhile (`host_other_cores`, gates/hostload.py), named beside a red level: on the
+fixtures the host's work is half the step or more, so a loaded host reads as an idle device.
 
 The async runner exists to keep the device fed while the host plans the next step. In the
 graph arm a step is one replay, so the sync runner leaves the device idle while it plans: there
@@ -67,6 +69,7 @@ from engine import SamplingParams
 from engine.bench.legs import fold_phases
 from engine.bench.metrics import StepPhases
 from engine.config import ARMS
+from gates import hostload
 from gates.idle import host_phase_ranges, host_ranges, idle_by_phase, idle_gaps, time_in_phase
 from gates.measure import BUSY_MIN_EFFECT, PairedMedianAB, busy_fraction, judge_busy, median, submission_intervals
 from gates.plugin import option
@@ -246,16 +249,20 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
     busy, kernel_busy, grouped = {"sync": [], "async": []}, {"sync": [], "async": []}, []
     idle = {"sync": [], "async": []}
     unprofiled: dict[str, list[UnprofiledBusy]] = {"sync": [], "async": []}
+    host_others: dict[str, list[float | None]] = {"sync": [], "async": []}
     for i in range(WARMUP_LEGS + LEGS):
         for runner in (("sync", "async") if i % 2 == 0 else ("async", "sync")):
             measured = measure_decode(engines[runner], params)
+            before = hostload.sample()
             plain = measure_unprofiled(engines[runner], params)
+            others = hostload.other_cores(before, hostload.sample())
             warm = i >= WARMUP_LEGS
             if warm:
                 busy[runner].append(measured.busy)
                 kernel_busy[runner].append(measured.kernel_busy)
                 idle[runner].append(measured)
                 unprofiled[runner].append(plain)
+                host_others[runner].append(others)
             gate_record.case(arm=arm, runner=runner, leg=i, warm=warm, busy=measured.busy,
                              kernel_busy=measured.kernel_busy, submissions=measured.submissions,
                              replays=measured.replays, unprofiled_busy=plain.busy)
@@ -280,10 +287,12 @@ def test_gpu_busy_during_decode(request, make_llm, gate_record, forward, graph):
     level["host_ms_per_step"] = {runner: ms_per_step(idle[runner], "host_ns") for runner in idle}
     level["unprofiled_phases"] = {runner: fold_phases([u.phases for u in unprofiled[runner]])
                                   for runner in unprofiled}
+    level["host_other_cores"] = {runner: hostload.summary(values) for runner, values in host_others.items()}
     gate_record.measure(**level, **figures)
     gate_record.occurred("level checked", not graph or level["threshold"] is not None)
     if graph:
         assert engines["async"].runner.num_graph_replays, "graph=True never replayed a CUDA graph"
     gate_record.evidence(**level, **figures)
     problems = judge_busy(arm, result, threshold if graph else None)
-    assert not problems, f"{forward} forward: " + "; ".join(problems)
+    host = hostload.during_windows(level["host_other_cores"])
+    assert not problems, f"{forward} forward: " + "; ".join(problems) + host

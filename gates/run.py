@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gates import report, timings
+from gates import hostload, report, timings
 from gates.registry import Gate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,8 +38,9 @@ def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None,
     other. One job: one process over every gate, in the order given. More: the untimed gates
     spread over at most `jobs` processes, balanced by their last measured seconds (slowest first);
     then, on CUDA, the timed gates (speed-ab, busy) in one process of their own, with nothing
-    beside them. On the CPU (`device` None or cpu) speed decides nothing (speed-ab is a smoke
-    run there, busy needs CUDA), so the timed gates are balanced with the rest."""
+    beside them, started once the host is quiet (run_gates, gates/hostload.py). On the CPU
+    (`device` None or cpu) speed decides nothing (speed-ab is a smoke run there, busy needs CUDA),
+    so the timed gates are balanced with the rest."""
     if jobs <= 1 or len(gates) <= 1:
         return [[list(gates)]]
     known = timings.load() if known is None else known
@@ -78,6 +79,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
     env = with_repo_on_path(env)
     parallel = any(len(phase) > 1 for phase in phases) or len(phases) > 1
     processes: list[_Process] = []
+    host_wait: hostload.QuietWait | None = None
     with tempfile.TemporaryDirectory(prefix="specgate-gates-") as tmp:
         data_file = Path(tmp) / ".coverage"
         measure = (["-m", "coverage", "run", "--branch", f"--source={REPO / 'engine'}", f"--data-file={data_file}"]
@@ -88,6 +90,10 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
             if parallel and not quiet:
                 print("gates: " + " | ".join(", ".join(g.name for g in group) for group in phase)
                       + (" (at once)" if len(phase) > 1 else " (alone)"), file=sys.stderr, flush=True)
+            if str(device or "cpu").startswith("cuda") and all(g.timed for group in phase for g in group):
+                host_wait = hostload.wait_for_quiet_host()
+                if not quiet:
+                    print("gates: " + host_wait.line(), file=sys.stderr, flush=True)
             batch = [_Process(group, _command(group, Path(tmp) / f"{p}-{i}", model, drafter, device, pytest_args,
                                               measure)) for i, group in enumerate(phase)]
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
@@ -102,8 +108,11 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
         r.proven_against = list(proven_against.get(r.name, ()))
         if reach_result is not None:
             r.coverage = reach_result["gates"].get(r.name)
+    environment = dict(next((proc.raw.environment for proc in processes if proc.raw), {}))
+    if host_wait is not None:
+        environment["host_before_timed"] = asdict(host_wait)
     result = report.GateReport(
-        results, environment=next((proc.raw.environment for proc in processes if proc.raw), {}),
+        results, environment=environment,
         command=" ; ".join(" ".join(proc.cmd) for proc in processes), started=started,
         seconds=round(time.perf_counter() - t0, 2), jobs=max(1, jobs),
         pytest_exit_status=next((proc.returncode for proc in processes if proc.returncode), 0),

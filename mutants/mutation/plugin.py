@@ -3,9 +3,31 @@ run first, then the fastest. mutmut stops a mutant's run at its first failing te
 killed mutant pays only for the tests before the one that kills it, and a mutant that stops
 the engine loop from finishing fails a bounded test instead of hanging an unbounded one. Each
 child also takes a tqdm lock of its own, and a CUDA run's child refuses to judge where CUDA does
-not start (pytest_configure)."""
+not start (pytest_configure). A test that runs past HANG_LIMIT_S fails (pytest_runtest_call).
+
+Why the limit: mutmut ends a hanging child only at its CPU limit, 16 x (the covering tests'
+seconds + 30), and a function every engine test covers has 224 s of covering tests: a mutant
+that loops for ever there held a core for over an hour (StepResult.unpack's `while` mutant in the
+from-scratch shard of 2026-12-04), longer than the rest of its shard. The suite's slowest test
+takes 20 s alone (mutmut's stats, 1,615 tests); a test still running at six times that is a hang,
+which the suite has then observed: it fails, and mutmut reads the failure as a kill, as it reads
+any failing test. The alarm repeats every HANG_REPEAT_S, in case code catches even a
+BaseException once.
+"""
 import json
+import signal
 from pathlib import Path
+
+import pytest
+
+HANG_LIMIT_S = 120.0
+HANG_REPEAT_S = 5.0
+
+
+class TestHang(BaseException):
+    """Raised into a test that ran past HANG_LIMIT_S: pytest reports it as the test's failure. A
+    BaseException, so engine code's `except Exception` cannot swallow it."""
+    __test__ = False  # not a test class, whatever its name
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -43,3 +65,17 @@ def pytest_configure(config):
 
     from tqdm import tqdm
     tqdm.set_lock(threading.RLock())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    def hang(signum, frame):
+        raise TestHang(f"{item.nodeid} still running after {HANG_LIMIT_S:g} s: a hang (mutants/mutation/plugin.py)")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.setitimer(signal.ITIMER_REAL, HANG_LIMIT_S, HANG_REPEAT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -57,6 +57,14 @@ def test_a_test_past_the_limit_fails_as_a_hang_even_when_the_first_alarm_is_caug
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0), "a timer was left running after the tests"
 
 
+def test_a_cuda_run_s_tests_are_not_timed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGATE_DEVICE", "cuda")
+    (tmp_path / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(1.0)\n")
+    monkeypatch.setattr(mutation_plugin, "HANG_LIMIT_S", 0.2)
+    assert pytest.main([str(tmp_path / "test_slow.py"), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+                       plugins=[mutation_plugin]) == 0
+
+
 def test_the_limit_is_six_times_the_suite_s_slowest_test_and_far_above_a_loaded_machine_s_run():
     # mutmut's stats of 2026-12-04: the slowest of 1,615 tests took 20.0 s alone; two children
     # sharing two cores with other work run a test about twice as slow

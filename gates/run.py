@@ -45,12 +45,17 @@ def plan(gates: list[Gate], jobs: int, known: Mapping[str, float] | None = None,
         return [[list(gates)]]
     known = timings.load() if known is None else known
     order = {g.name: i for i, g in enumerate(gates)}
-    alone = str(device or "cpu").startswith("cuda")
+    alone = on_cuda(device)
     untimed = [g for g in gates if not (g.timed and alone)]
     groups = timings.balance(((g, timings.estimate(g.name, known)) for g in untimed), jobs)
     phases = [[sorted(group, key=lambda g: order[g.name]) for group in groups]] if untimed else []
     timed = [g for g in gates if g.timed and alone]
     return phases + ([[timed]] if timed else [])
+
+
+def on_cuda(device: str | None) -> bool:
+    """Speed decides only on CUDA: there the timed gates run alone, on a quiet host."""
+    return str(device or "cpu").startswith("cuda")
 
 
 def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
@@ -90,7 +95,7 @@ def run_gates(gates: list[Gate], json_path: str | None = None, junit_path: str |
             if parallel and not quiet:
                 print("gates: " + " | ".join(", ".join(g.name for g in group) for group in phase)
                       + (" (at once)" if len(phase) > 1 else " (alone)"), file=sys.stderr, flush=True)
-            if str(device or "cpu").startswith("cuda") and all(g.timed for group in phase for g in group):
+            if on_cuda(device) and all(g.timed for group in phase for g in group):
                 host_wait = hostload.wait_for_quiet_host()
                 if not quiet:
                     print("gates: " + host_wait.line(), file=sys.stderr, flush=True)

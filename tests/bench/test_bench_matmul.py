@@ -1,11 +1,13 @@
 """The matmul bandwidth benchmark (engine/bench/matmul.py, `specgate bench-model matmul`) on the CPU:
 the matrices a step multiplies, packed as the fused forward packs them; a report's rows, bytes and
 bandwidth from its own timings; the best variant per matrix and row count, and one step's matmul
-time summed from them. The figures themselves are for the GPU (docs/benchmarks.md)."""
+time summed from them; the report's timing settings; each compiled variant compiled for real, F.linear
+at each row count's own shape. The figures themselves are for the GPU (docs/benchmarks.md)."""
 import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.bench import matmul
 from engine.bench.models import SHAPES, config_dict
@@ -64,3 +66,40 @@ def test_the_command_prints_each_best_figure_and_the_step_sum(capsys, tmp_path):
     assert "qkv M=1: " in out and "matmuls of one plain step at M=1, each matrix at its best variant: " in out
     assert set(json.loads(report.read_text())["best"]) == {f"{m} M=1" for m in ("qkv", "o_proj", "gate_up", "down",
                                                                                "lm_head")}
+
+
+def test_the_report_says_how_it_timed_each_figure(tmp_path, monkeypatch):
+    """The calls per timing and the timings per median it was asked for, given to every timing and
+    kept in the report beside the device, dtype and torch version, so that a figure can be rerun."""
+    asked = []
+    monkeypatch.setattr(matmul, "time_call", lambda fn, x, w, reps, repeats: asked.append((reps, repeats)) or 1e-6)
+    got = matmul.matmul_report(config(tmp_path, "tiny"), "cpu", dtype=torch.float32, rows=(1,), variants=("eager",),
+                               reps=7, repeats=3)
+    assert asked == [(7, 3)] * 5
+    assert {k: got[k] for k in ("device", "gpu", "dtype", "torch", "reps", "repeats")} == {
+        "device": "cpu", "gpu": None, "dtype": "float32", "torch": torch.__version__, "reps": 7, "repeats": 3}
+
+
+@pytest.fixture
+def dynamo_counters():
+    """dynamo's counters from a clean start: every variant compiles F.linear through one code
+    object, so what ran before (its cache entries, its recompile count) would count here."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("variant", [v for v in matmul.VARIANTS if v != "eager"])
+def test_each_compiled_variant_multiplies_as_f_linear_with_a_graph_for_each_row_count(variant, dynamo_counters):
+    """Compiled for real on the CPU (inductor's matmul there is an extern call: no C++ build): the
+    product is F.linear's, and each of the report's row counts gets a graph of its own static shape,
+    as a decode step's graph is; not one graph over a symbolic row count, reused from the second
+    row count on (dynamo's automatic dynamic shapes), which would time another kernel than a step runs."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=g)
+    for m in matmul.ROWS:
+        x = torch.randn(m, 16, generator=g)
+        torch.testing.assert_close(matmul.matmul_fn(variant)(x, w), F.linear(x, w))
+    assert dynamo_counters["stats"]["unique_graphs"] == len(matmul.ROWS) == 3

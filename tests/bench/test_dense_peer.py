@@ -1,7 +1,10 @@
 """The gpt-fast-style peer (engine/bench/dense_peer.py) on the CPU, uncompiled: its greedy tokens
 are specgate's on the same weights (the fixture target: MHA, untied head; the tiny benchmark
 shape: GQA), at each concurrency, so the ratio the benchmark prints compares two decoders of one
-model; and its report's figures, timed by difference as the transformers peer's are."""
+model; and its report's figures, timed by difference as the transformers peer's are (on CUDA, each
+decode fenced by a synchronize, checked with a stand-in GPU queue), and what it asks torch.compile."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -54,3 +57,69 @@ def test_the_dense_peer_runs_on_cuda_only(bench_tiny_dir):
     got = dense_peer.dense_peer(bench_tiny_dir, bench_prompts(1, 4), [1], "cpu")
     assert got == {"ran": False, "why": "the dense peer runs on CUDA only (device cpu): its figure is a compiled "
                                         "decode step replayed as a CUDA graph"}
+
+
+def test_on_cuda_each_timed_decode_waits_for_the_work_it_queued_on_the_gpu(monkeypatch):
+    """A stand-in CUDA model whose decode of n tokens for c sequences only queues n x c / 100 s of
+    GPU work, which the clock sees once torch.cuda.synchronize waits for it (the peer's generate
+    reads no token on the host): the figures are the GPU's only when each timed decode is fenced by
+    a synchronize on both sides. A step is then c x 10 ms, and each decode's seconds are kept to 0.1 ms."""
+    clock, queued = [0.0], [0.0]
+
+    def synchronize() -> None:
+        clock[0] += queued[0]
+        queued[0] = 0.0
+
+    class QueuingPeer:
+        def __init__(self, model, batch: int, max_len: int, compile: bool):
+            pass
+
+        def generate(self, prompts: list[list[int]], n: int) -> torch.Tensor:
+            queued[0] += n * len(prompts) / 100
+            return torch.zeros(len(prompts), n, dtype=torch.long)
+    monkeypatch.setattr(dense_peer, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(dense_peer, "DensePeer", QueuingPeer)
+    weight = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)
+    got = dense_peer_figures(SimpleNamespace(lm_head=SimpleNamespace(weight=weight)), [[1, 2]] * 2, [1, 2],
+                             short=2, long=6, repeats=2, compile=True)
+    assert {c: (r["ms_per_step"], r["seconds_short"], r["seconds_long"]) for c, r in got["per_concurrency"].items()} \
+        == {"1": (10.0, 0.02, 0.06), "2": (20.0, 0.04, 0.12)}
+
+
+def test_compiled_the_decode_step_is_asked_of_torch_whole_and_replayed_as_a_cuda_graph(bench_tiny_dir, monkeypatch):
+    """What DensePeer asks of torch.compile, checked on any machine (the compile is lazy): its
+    decoder, as one graph (fullgraph), in a mode that turns inductor's CUDA graphs on, since the
+    peer's figure is a replayed graph's (on CPU tensors inductor leaves CUDA graphs out)."""
+    from torch._inductor import list_mode_options
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append((fn, kw)) or fn)
+    model = load_model(bench_tiny_dir, dtype=torch.float32)
+    assert DensePeer(model, 1, 8, compile=False).step is not None and asked == []
+    peer = DensePeer(model, 1, 8, compile=True)
+    [(fn, kw)] = asked
+    assert fn is peer.decoder and kw.pop("fullgraph") is True
+    assert list_mode_options(kw.pop("mode")).get("triton.cudagraphs") is True and kw == {}
+
+
+def test_the_report_names_the_steps_it_divides_by_and_keeps_tokens_per_second_to_a_hundredth(monkeypatch):
+    """A stand-in peer whose decode of n tokens takes 1 s + 3 ms x n whatever the concurrency: the
+    method line names the steps between the two decodes (long - short) that the difference is
+    divided by, and the throughput, c tokens a 3 ms step, keeps its hundredths (333.33, not 333)."""
+    clock = [0.0]
+
+    class SteadyPeer:
+        def __init__(self, model, batch: int, max_len: int, compile: bool):
+            pass
+
+        def generate(self, prompts: list[list[int]], n: int) -> torch.Tensor:
+            clock[0] += 1 + 3e-3 * n
+            return torch.zeros(len(prompts), n, dtype=torch.long)
+    monkeypatch.setattr(dense_peer, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(dense_peer, "DensePeer", SteadyPeer)
+    weight = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+    got = dense_peer_figures(SimpleNamespace(lm_head=SimpleNamespace(weight=weight)), [[1, 2]] * 2, [1, 2],
+                             short=2, long=6, repeats=2, compile=False)
+    assert got["method"] == "(t(6 tokens) - t(2)) / 4, medians of 2"
+    assert {c: (r["ms_per_step"], r["tokens_per_s"]) for c, r in got["per_concurrency"].items()} == {
+        "1": (3.0, 333.33), "2": (3.0, 666.67)}

@@ -144,3 +144,13 @@ def test_the_llm_hands_the_veto_its_device_forward_and_arm(make_llm, monkeypatch
     assert make_llm(spec="ngram", graph=True).is_async
     assert not make_llm(spec="ngram", graph=True, compile=True).is_async
     assert not make_llm(spec="ngram", graph=False).is_async
+
+
+def test_a_caller_that_names_no_arm_gets_the_eager_arm_which_graph_evidence_does_not_lift(engine_copy):
+    """Evidence lifts the graph arm only (there async gains: one replay a step). A caller of the veto
+    that does not say its arm is judged as the eager arm, so the evidence keeps the veto for it:
+    left unsaid, the arm never turns the async runner on."""
+    write_evidence(veto.EVIDENCE_FILE, engine_copy)
+    assert veto.use_async_runner("ngram", None, "cuda", graph=True)
+    assert not veto.use_async_runner("ngram", None, "cuda")
+    assert not veto.runner_policy("ngram", None, device="cuda").is_async

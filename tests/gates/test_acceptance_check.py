@@ -136,6 +136,17 @@ def test_a_trace_whose_units_do_not_add_up_is_red_even_when_the_record_matches_i
         Difference(IDENTITY, 3, None, None, 5, 4)
 
 
+def test_a_leg_whose_trace_holds_no_record_is_red_against_the_bench_s_record_not_an_error():
+    """The bench's record of k1_leg beside an empty trace (its steps not traced): every unit
+    recomputes empty, and the check names the first field the record has and the trace does not."""
+    outputs, _ = k1_leg()
+    expected = expected_acceptance(outputs, [])
+    assert expected["accepted_per_position"] == [] and expected["verify_steps"] == expected["_prefills"] == 0
+    record_of_the_leg = {k: v for k, v in K1_EXPECTED.items() if not k.startswith("_")}
+    assert acceptance_difference(3, record_of_the_leg, expected) == Difference(
+        "leg acceptance verify_steps", 3, None, None, 0, 3)
+
+
 @pytest.fixture(scope="module")
 def bench_legs(scripted_bench) -> list:
     """Two concurrencies of three legs, one warm-up leg each, with a drafter's acceptance."""

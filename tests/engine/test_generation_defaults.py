@@ -77,3 +77,22 @@ def test_sampling_values_a_request_would_refuse_are_a_load_error_naming_the_file
         with pytest.raises(ModelLoadError) as error:
             defaults(tmp_path, model_config, **raw)
         assert str(error.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("max_length", [1, 0, True, 12.0, "12", [12]])
+def test_a_max_length_that_is_not_an_integer_of_at_least_2_is_a_load_error_naming_the_file(tmp_path, model_config,
+                                                                                          max_length):
+    """A float, a string or a bool is refused when the folder loads, with the file's name, never
+    taken as a number (12.0 would make a float max_tokens) nor left to fail as a TypeError."""
+    with pytest.raises(ModelLoadError) as error:
+        defaults(tmp_path, model_config, max_length=max_length)
+    assert str(error.value) == (f"{tmp_path / 'generation_config.json'}: max_length must be an integer >= 2 "
+                                f"(prompt + new tokens), got {max_length!r}")
+
+
+def test_the_smallest_max_length_leaves_a_one_token_prompt_one_new_token(tmp_path, model_config):
+    """max_length 2 is a prompt token and a new one: accepted, as the refusal's ">= 2" says."""
+    two = defaults(tmp_path, model_config, max_length=2)
+    assert two.max_length == 2 and two.sampling_params(1).max_tokens == 1
+    with pytest.raises(RequestError, match=r"prompt has 2 tokens, generation_config\.json's max_length \(2\)"):
+        two.sampling_params(2)

@@ -195,6 +195,17 @@ def test_generation_config_sampling_defaults_apply_when_no_params_are_given(tmp_
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 50, 5)
 
 
+def test_generation_config_max_length_counts_the_prompt_when_no_params_are_given(tmp_path, llama3_dir, references):
+    """max_length is prompt plus new tokens, as in transformers' generate: a request without
+    SamplingParams makes what its prompt leaves of it, the same greedy tokens."""
+    folder = tmp_path / "gen"
+    shutil.copytree(llama3_dir, folder)
+    prompt = make(folder).tokenizer.encode(PROMPTS[0])
+    edit_json(folder / "generation_config.json", drop=("max_new_tokens",), do_sample=False, max_length=len(prompt) + 5)
+    out, = make(folder).generate([PROMPTS[0]])
+    assert out.prompt_token_ids == prompt and out.token_ids == references["llama3"][0][:5]
+
+
 def test_a_report_names_the_weights_the_loader_reads_by_checksum(llama3_sharded_dir, llama3_dir, drafter_dir,
                                                                    tmp_path):
     """The target's checksum is its model.safetensors' (which the loader reads even beside an

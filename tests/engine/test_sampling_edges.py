@@ -67,6 +67,20 @@ def test_top_p_one_keeps_every_token_of_a_large_vocabulary():
     assert (probs > 0).sum().item() == (torch.softmax(logits, -1) > 0).sum().item()
 
 
+@pytest.mark.parametrize("top_p", [1e-50, 5e-324])
+def test_a_top_p_that_float32_rounds_to_zero_keeps_the_most_likely_token(make_llm, top_p):
+    """A top_p inside (0, 1] is accepted, however small; the step's float32 makes these 0. The
+    shortest run whose mass reaches it is still the most likely token alone: sampling is greedy."""
+    params = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=12, ignore_eos=True, seed=1)
+    assert params.top_p == top_p and torch.tensor([top_p]).item() == 0.0
+    llm = make_llm()
+    tiny = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in tiny] == [o.token_ids for o in llm.generate(PROMPTS, greedy())]
+    probs = processed_probs(torch.tensor([[0.5, 2.0, -1.0]]), torch.tensor([1.0]), torch.tensor([-1]),
+                            torch.tensor([top_p]))
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
 class FailsOnCall:
     """A logits processor that raises on its n-th call: a failure forced inside the step."""
 

@@ -53,6 +53,15 @@ def test_a_folder_without_tokenizer_json_is_refused_and_bytes_are_chosen_only_by
     assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
 
 
+def test_a_folder_with_no_tokenizer_file_at_all_is_refused_with_the_one_line_alone(tmp_path):
+    """A weights-only folder: the refusal names no file the folder has, and says how to save one."""
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError) as refused:
+        load_tokenizer(tmp_path)
+    assert str(refused.value) == (f"{tmp_path} has no tokenizer.json; specgate reads only tokenizer.json: save one "
+                                  f"with transformers' AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
+
+
 def test_the_fixture_target_names_the_byte_tokenizer(target_dir):
     assert isinstance(load_tokenizer(target_dir), ByteTokenizer)
 

@@ -41,6 +41,16 @@ def test_fresh_lift_evidence_lifts_the_veto_for_spec_decoding_on_cuda(engine_cop
     assert "the veto is lifted by veto-evidence.json" in caplog.text
 
 
+def test_a_lift_is_one_info_line_that_names_the_decoding_and_the_evidence_file(engine_copy, caplog):
+    """What a run's log keeps of a lifted veto: one line, the drafter it was lifted for and the
+    file that lifted it, ending with the file's name."""
+    write_evidence(veto.EVIDENCE_FILE, engine_copy)
+    with caplog.at_level(logging.INFO, logger="specgate"):
+        assert veto.use_async_runner("block", None, "cuda", graph=True)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "specgate"] == [
+        ("INFO", "async runner for speculative decoding (spec=block): the veto is lifted by veto-evidence.json")]
+
+
 @pytest.mark.parametrize("name", sorted(p.relative_to(ENGINE).as_posix() for p in ENGINE.rglob("*.py")
                                         if "__pycache__" not in p.parts))
 def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_copy, name, caplog):

@@ -2,8 +2,11 @@
 the matrices a step multiplies, packed as the fused forward packs them; a report's rows, bytes and
 bandwidth from its own timings; the best variant per matrix and row count, and one step's matmul
 time summed from them; the report's timing settings; each compiled variant compiled for real, F.linear
-at each row count's own shape. The figures themselves are for the GPU (docs/benchmarks.md)."""
+at each row count's own shape, under the inductor settings it is named for; the tensors timed (on the
+report's device and dtype, seeded); GB/s's unit; the progress lines; the CPU timer's arithmetic. The
+figures themselves are for the GPU (docs/benchmarks.md)."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -103,3 +106,105 @@ def test_each_compiled_variant_multiplies_as_f_linear_with_a_graph_for_each_row_
         x = torch.randn(m, 16, generator=g)
         torch.testing.assert_close(matmul.matmul_fn(variant)(x, w), F.linear(x, w))
     assert dynamo_counters["stats"]["unique_graphs"] == len(matmul.ROWS) == 3
+
+
+def test_each_compiled_variant_compiles_under_the_settings_it_is_named_for(monkeypatch, dynamo_counters):
+    """`inductor` compiles with inductor's defaults, `autotune` with max_autotune on (and coordinate
+    descent, which mode max-autotune-no-cudagraphs turns on with it) but no CUDA graphs of inductor's
+    own (the benchmark captures its own), `coordinate-descent` with coordinate descent alone: else two
+    of the report's variants would time one compilation under two names. Read from inductor's config
+    as it stands while it compiles each (on the CPU the kernels come out alike; the settings do not)."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    real, seen = compile_fx.compile_fx, []
+
+    def spy(*args, **kwargs):
+        seen.append((inductor_config.max_autotune, inductor_config.coordinate_descent_tuning,
+                     inductor_config.triton.cudagraphs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx", spy)
+    got = {}
+    for variant in ("inductor", "autotune", "coordinate-descent"):
+        torch._dynamo.reset()
+        seen.clear()
+        matmul.matmul_fn(variant)(torch.randn(8, 16), torch.randn(24, 16))
+        got[variant] = seen[-1]  # the innermost call: the variant's settings applied
+    assert got == {"inductor": (False, False, False), "autotune": (True, True, False),
+                   "coordinate-descent": (False, True, False)}
+
+
+def test_each_matmul_is_timed_on_the_report_s_device_in_its_dtype(tmp_path, monkeypatch):
+    """Weight and input both moved to the device and dtype asked for (the meta device stands in for
+    a GPU here: it is not the CPU the random numbers are drawn on), in the shapes F.linear takes:
+    input [M, in_features], weight [out_features, in_features]."""
+    seen = []
+    monkeypatch.setattr(matmul, "time_call", lambda fn, x, w, reps, repeats: seen.append((x, w)) or 1e-6)
+    cfg = config(tmp_path, "tiny")
+    got = matmul.matmul_report(cfg, "meta", dtype=torch.float16, rows=(1, 8), variants=("eager",))
+    assert {(x.device.type, x.dtype, w.device.type, w.dtype) for x, w in seen} == {
+        ("meta", torch.float16, "meta", torch.float16)}
+    assert [(tuple(x.shape), tuple(w.shape)) for x, w in seen] == [
+        ((m, in_f), (out_f, in_f)) for out_f, in_f in matmul.weight_matrices(cfg).values() for m in (1, 8)]
+    assert got["device"] == "meta" and got["gpu"] is None
+
+
+def test_the_timed_matrices_are_seeded_whatever_the_global_random_state(tmp_path, monkeypatch):
+    """Two reports multiply the same weights and inputs even when the global generator was seeded
+    differently before each: a figure can be rerun on the very numbers it was timed on."""
+    cfg = config(tmp_path, "tiny")
+
+    def timed(seed: int) -> list:
+        seen = []
+        monkeypatch.setattr(matmul, "time_call", lambda fn, x, w, reps, repeats: seen.append((x, w)) or 1e-6)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            matmul.matmul_report(cfg, "cpu", dtype=torch.float32, rows=(1, 8), variants=("eager",))
+        return seen
+
+    first, second = timed(1), timed(2)
+    assert len(first) == len(second) == 5 * 2
+    assert all(torch.equal(x1, x2) and torch.equal(w1, w2) for (x1, w1), (x2, w2) in zip(first, second))
+
+
+def test_bandwidth_is_in_units_of_a_billion_bytes_a_second(tmp_path, monkeypatch):
+    """GB/s is 10^9 bytes a second, exactly: a stand-in timer at 10^18 bytes a second (no device's
+    rate, but one at which a part in 10^9 shows at the report's 0.1 GB/s) reads 10^9 GB/s for every
+    matrix and row count, whatever its bytes."""
+    def at_an_exabyte_a_second(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> float:
+        return (w.numel() + x.numel() + x.shape[0] * w.shape[0]) * w.element_size() / 1e18
+
+    monkeypatch.setattr(matmul, "time_call", at_an_exabyte_a_second)
+    got = matmul.matmul_report(config(tmp_path, "tiny"), "cpu", dtype=torch.float32, rows=(1, 8),
+                               variants=("eager",))
+    assert len(got["timings"]) == 10 and {t["gb_per_s"] for t in got["timings"]} == {1e9}
+
+
+def test_each_progress_line_reads_the_timing_it_follows(tmp_path, monkeypatch):
+    """One line a timing, as it is taken: the matrix, M, the variant, one call's µs to 0.01 µs and its
+    GB/s. A stand-in timer: eager 12.5 ms a call (a large matrix on a CPU), inductor 10 ns."""
+    seconds = {"eager": 0.0125, "inductor": 1e-8}
+    monkeypatch.setattr(matmul, "matmul_fn", lambda variant: variant)
+    monkeypatch.setattr(matmul, "time_call", lambda fn, x, w, reps, repeats: seconds[fn])
+    told = []
+    got = matmul.matmul_report(config(tmp_path, "tiny"), "cpu", dtype=torch.float32, rows=(1,),
+                               variants=("eager", "inductor"), progress=told.append)
+    assert len(told) == len(got["timings"]) == 5 * 2
+    # qkv at M=1 moves (128 x 64 + 64 + 128) float32 = 33536 bytes: 3353.6 GB/s in 10 ns
+    assert told[:2] == ["qkv M=1 eager: 12500.00 µs, 0 GB/s", "qkv M=1 inductor: 0.01 µs, 3354 GB/s"]
+
+
+def test_a_cpu_timing_is_one_call_s_seconds_the_median_over_the_repeats(monkeypatch):
+    """On the CPU a timing is the wall clock over `reps` calls divided by reps, the figure the median
+    of `repeats` timings, and the three warm-up calls (compilation, autotuning) count in none. A
+    stand-in clock that each call moves on: 1 s a warm-up call, then 3, 1 and 2 µs a call."""
+    clock = [0.0]
+    costs = iter([1.0] * 3 + [3e-6] * 4 + [1e-6] * 4 + [2e-6] * 4)
+
+    def call(x: torch.Tensor, w: torch.Tensor) -> None:
+        clock[0] += next(costs)
+
+    monkeypatch.setattr(matmul, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert matmul.time_call(call, torch.zeros(1, 2), torch.zeros(3, 2), reps=4, repeats=3) == pytest.approx(
+        2e-6, rel=1e-6)
+    assert next(costs, None) is None  # 3 warm-up calls and 3 x 4 timed ones, no more

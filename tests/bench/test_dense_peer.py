@@ -123,3 +123,68 @@ def test_the_report_names_the_steps_it_divides_by_and_keeps_tokens_per_second_to
     assert got["method"] == "(t(6 tokens) - t(2)) / 4, medians of 2"
     assert {c: (r["ms_per_step"], r["tokens_per_s"]) for c, r in got["per_concurrency"].items()} == {
         "1": (3.0, 333.33), "2": (3.0, 666.67)}
+
+
+def test_the_report_whole_names_its_decoder_and_keeps_each_decode_s_seconds_to_a_tenth_of_a_ms(monkeypatch):
+    """A stand-in peer whose decode of n tokens for c sequences takes 1 s + n x c / 7 ms: the report
+    says what decoder it times, in which dtype, compiled or not, and by what method; a step is c / 7
+    ms (0.1429 at c=1), c tokens a step make 7,000 tokens/s, and each decode's median seconds keep
+    four decimals (1 + 6/7000 s is 1.0009), as the transformers peer's report does."""
+    clock = [0.0]
+
+    class SeventhsPeer:
+        def __init__(self, model, batch: int, max_len: int, compile: bool):
+            pass
+
+        def generate(self, prompts: list[list[int]], n: int) -> torch.Tensor:
+            clock[0] += 1 + n * len(prompts) / 7000
+            return torch.arange(n).repeat(len(prompts), 1)
+    monkeypatch.setattr(dense_peer, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    monkeypatch.setattr(dense_peer, "DensePeer", SeventhsPeer)
+    weight = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16)
+    got = dense_peer_figures(SimpleNamespace(lm_head=SimpleNamespace(weight=weight)), [[1, 2]] * 2, [1, 2],
+                             short=2, long=6, repeats=2, compile=False)
+    assert got == {
+        "decoder": "gpt-fast style: fused qkv and gate/up, dense static KV cache, SDPA, greedy",
+        "compiled": False, "dtype": "torch.bfloat16", "method": "(t(6 tokens) - t(2)) / 4, medians of 2",
+        "per_concurrency": {
+            "1": {"ms_per_step": 0.1429, "tokens_per_s": 7000.0, "seconds_short": 1.0003, "seconds_long": 1.0009,
+                  "first_tokens": [0, 1, 2, 3, 4, 5]},
+            "2": {"ms_per_step": 0.2857, "tokens_per_s": 7000.0, "seconds_short": 1.0006, "seconds_long": 1.0017,
+                  "first_tokens": [0, 1, 2, 3, 4, 5]}}}
+
+
+def test_on_a_cuda_device_the_peer_loads_the_folder_there_and_compiles_each_concurrency_s_decoder(
+        bench_tiny_dir, monkeypatch):
+    """`bench-model peer`'s dense peer on a CUDA device, run on any machine: the load (to the CPU)
+    and torch.compile (eager) are stood in for. It loads the folder's weights on the device it is
+    given, in the folder's own dtype, asks torch.compile for each concurrency's decoder, says it
+    ran compiled, and decodes the folder's model: its tokens are the eager peer's."""
+    from engine import loader
+    real_load = loader.load_model
+    loaded, asked = [], []
+
+    def load_model(model_dir, **kwargs):
+        loaded.append((model_dir, kwargs))
+        return real_load(model_dir, dtype=torch.float32)
+    monkeypatch.setattr(loader, "load_model", load_model)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(fn) or fn)
+    prompts = bench_prompts(2, 5, seed=0)
+    got = dense_peer.dense_peer(bench_tiny_dir, prompts, [1, 2], "cuda:0", short=1, long=3, repeats=1)
+    assert loaded == [(bench_tiny_dir, {"device": "cuda:0"})]
+    assert got["ran"] is True and got["compiled"] is True and got["dtype"] == "torch.float32"
+    assert [type(fn).__name__ for fn in asked] == ["DenseDecoder", "DenseDecoder"]
+    eager = DensePeer(real_load(bench_tiny_dir, dtype=torch.float32), 1, 8, compile=False).generate(prompts[:1], 3)
+    assert [r["first_tokens"] for r in got["per_concurrency"].values()] == [eager[0].tolist()] * 2
+
+
+def test_the_dense_decoder_is_frozen_like_the_loaded_model_and_records_no_autograd_graph(bench_tiny_dir):
+    """The loaded model's weights ask for no gradient; the peer's fused matrices, new tensors, must
+    not either: called outside torch.no_grad (as a user of DenseDecoder may), a decode then keeps no
+    autograd graph, neither in the caches it writes nor in what it returns."""
+    model = load_model(bench_tiny_dir, dtype=torch.float32)
+    decoder = DensePeer(model, 1, 8, compile=False).decoder
+    assert not any(p.requires_grad for p in decoder.parameters())
+    tokens = decoder(torch.tensor(bench_prompts(1, 4, seed=0)), torch.arange(4))
+    caches = [c for layer in decoder.layers for c in (layer.k_cache, layer.v_cache)]
+    assert tokens.grad_fn is None and not any(c.requires_grad or c.grad_fn is not None for c in caches)

@@ -10,6 +10,10 @@ from hypothesis import HealthCheck, Phase, settings
 
 # One torch thread: deterministic on 2 cores, and safe when mutmut forks a child per mutant.
 torch.set_num_threads(1)
+# Triton's kernels (the paged attention backend, engine/paged_kernel.py) run on the CPU only under
+# its interpreter, chosen when a kernel is defined: set before anything imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -45,6 +45,9 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
                     help="replay each decode step as one captured CUDA graph (the graph arm), or with --no-graph "
                     "launch its kernels one by one (the eager arm) (default: the graph arm on CUDA, the eager "
                     "arm on the CPU)")
+    ap.add_argument("--attention-backend", choices=["sdpa", "flex", "paged"], default="sdpa",
+                    help="attention over the paged KV cache (EngineConfig.attention_backend): sdpa (gather, the "
+                    "default), flex or paged (a Triton kernel reading the cache in place; CUDA)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -74,7 +77,8 @@ def _llm(args, **extra):
     max_model_len = _max_model_len(args)
     kwargs = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args),
                   device=args.device, async_runner=args.async_runner, max_model_len=max_model_len,
-                  max_num_batched_tokens=max(2048, max_model_len), compile=args.compile, graph=args.graph)
+                  max_num_batched_tokens=max(2048, max_model_len), compile=args.compile, graph=args.graph,
+                  attention_backend=args.attention_backend)
     if args.dtype is not None:
         kwargs["dtype"] = args.dtype
     kwargs.update(extra)
@@ -140,7 +144,8 @@ def cmd_bench(args) -> int:
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0, "device": args.device,
             "graph": resolve_graph(args.graph, args.device), "compile": resolve_compile(args.compile, args.device),
-            "max_model_len": _max_model_len(args), "models": model_checksums(args.model, _drafter(args))}
+            "attention_backend": args.attention_backend, "max_model_len": _max_model_len(args),
+            "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
         def make(c, script):
@@ -368,9 +373,9 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--arm", choices=["graph", "eager"], default="graph")
             m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
-            m.add_argument("--attention-backends", type=choice_list("sdpa", "flex"), default=("sdpa",), metavar="B[,B]",
-                           help="attention backends to time (EngineConfig.attention_backend; "
-                                "flex: CUDA's paged kernel)")
+            m.add_argument("--attention-backends", type=choice_list("sdpa", "flex", "paged"), default=("sdpa",),
+                           metavar="B[,B]", help="attention backends to time (EngineConfig.attention_backend; "
+                                "flex: torch's FlexAttention, paged: specgate's Triton kernel)")
             m.add_argument("--compile", type=choice_list("off", "on"), default=("off",), metavar="off|on|off,on",
                            help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)

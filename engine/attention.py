@@ -6,7 +6,7 @@ pos % block_size, so a rejected draft needs no rollback: the next step overwrite
 Queries are scattered into a padded [R, max_query_len] layout so one batched call serves every
 request; no Python loop over requests.
 
-Two backends (EngineConfig.attention_backend):
+Three backends (EngineConfig.attention_backend):
 - "sdpa", the reference: gathers each request's context out of the cache into a dense
   [R, L, Hkv, D] copy (L: the step's context bucket) and runs SDPA under a boolean mask.
 - "flex": FlexAttention reads K/V in place, the whole cache being one [1, Hkv, slots, D]
@@ -14,10 +14,14 @@ Two backends (EngineConfig.attention_backend):
   to visit (kv_indices), and its mask_mod maps a physical slot back to the key position it
   holds (physical_to_logical) to apply causality and the sequence length. On CUDA the kernel
   is compiled (engine.attention.flex_kernels); the host never reads a device value.
+- "paged": a Triton kernel (engine/paged_kernel.py) reads K/V in place through the block tables
+  for decode and verify steps, each key once for all the query heads of its group; a step whose
+  queries do not fit it (a prefill) takes sdpa's path.
 """
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +29,10 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.compile_cache import inductor_cache_dir
 
-ATTENTION_BACKENDS = ("sdpa", "flex")
+if TYPE_CHECKING:  # the kernel's module imports Triton, which only the paged backend needs
+    from engine.paged_kernel import PagedRead, PagedSizes
+
+ATTENTION_BACKENDS = ("sdpa", "flex", "paged")
 # SDPA has no fused kernel for grouped-query heads under a mask: with enable_gqa and a mask it
 # falls back to the math kernel, which materialises [R, H, Q, L] scores in float32 (a 32k-token
 # prefill of a 32-head model: about 137 GB, an out-of-memory at long prompts). A query longer than
@@ -46,9 +53,12 @@ class AttentionMetadata:
     max_query_len: int
     block_mask: BlockMask | None = None  # flex: which cache blocks each request reads, and how
     flex: Callable | None = None         # flex: the kernel (compiled on CUDA)
+    paged: "PagedRead | None" = None     # paged: the kernel's read, bound to this step's tables
 
     @property
     def num_reqs(self) -> int:
+        if self.paged is not None:
+            return self.paged.block_tables.shape[0]
         return (self.context_slots if self.block_mask is None else self.block_mask.kv_num_blocks).shape[0]
 
 
@@ -60,10 +70,11 @@ def context_slots(block_tables: torch.Tensor, key_pos: torch.Tensor, block_size:
 def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Tensor,
                              seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
                              max_query_len: int, max_context_len: int, flex: Callable | None = None,
-                             num_cache_slots: int = 0) -> AttentionMetadata:
+                             num_cache_slots: int = 0, paged: "PagedSizes | None" = None) -> AttentionMetadata:
     """All inputs are device tensors; the two sizes are host integers (upper bounds are fine).
     With `flex` (the flex backend's kernel) the metadata is the block mask over a cache of
-    num_cache_slots slots instead of a gather and a dense mask."""
+    num_cache_slots slots instead of a gather and a dense mask; with `paged` (the paged kernel's
+    launch sizes) it is the block tables themselves."""
     device = positions.device
     num_tokens = positions.numel()
     num_reqs = query_start_loc.numel() - 1
@@ -73,6 +84,9 @@ def build_attention_metadata(positions: torch.Tensor, query_start_loc: torch.Ten
     query_offset = torch.arange(num_tokens, device=device) - query_start_loc[query_req]
     slot_mapping = (block_tables[query_req, positions // block_size] * block_size
                     + positions % block_size)
+    if paged is not None:
+        read = paged.bind(block_tables, query_start_loc, positions, seq_lens)
+        return AttentionMetadata(slot_mapping, None, query_req, query_offset, None, max_query_len, paged=read)
     query_pos = torch.full((num_reqs, max_query_len), -1, dtype=positions.dtype, device=device)
     query_pos[query_req, query_offset] = positions
     if flex is not None:
@@ -176,6 +190,8 @@ def write_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_m
 
 def read_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Attention of the step's queries over the cache (their own keys already written)."""
+    if meta.paged is not None:
+        return meta.paged(q, kv_cache)
     if meta.block_mask is None:
         return sdpa_read(q, kv_cache, meta.query_req, meta.query_offset, meta.context_slots, meta.attn_mask,
                          meta.max_query_len, kv_cache.shape[2] != q.shape[1])

@@ -204,7 +204,7 @@ class EngineConfig:
     # compiled forward's eager step took 13 to 21 ms on the 1B shape on the H200, its graph replay
     # 1.4 ms), off on the CPU (there graph=True plans the padded buckets and runs them eagerly).
     graph: bool | None = None
-    attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference) or "flex" (paged kernel)
+    attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference), "flex" or "paged" (Triton)
     # engine/fused.py: the layers fused and compiled by inductor. None: resolved by the device, the
     # compiled forward on CUDA (where it is the fast path: 1.36 ms a 1B step against the reference's
     # 3.13 ms on the H200) and the reference one on the CPU (where inductor's compile costs 30 to
@@ -252,6 +252,10 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                                 f"got {self.attention_backend!r}")
+        if self.attention_backend == "paged" and not self.device.startswith("cuda") \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SpecgateError("attention_backend='paged' runs a Triton kernel: on CUDA, or on the CPU only under "
+                                "Triton's interpreter (TRITON_INTERPRET=1, slow: for tests)")
         if self.attention_backend == "flex" and self.device.startswith("cuda") and self.block_size % 16:
             raise SpecgateError(f"attention_backend='flex' on CUDA needs block_size a multiple of 16 (the kernel "
                                 f"reads keys in tiles of at least 16 within one cache block), got {self.block_size}")

@@ -129,7 +129,7 @@ class FusedForward:
         return kern.final_norm(x, self.model.model.norm.weight, eps), aux
 
     def _read(self, q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.block_mask is not None:  # flex: a kernel compiled on its own (engine/attention.py)
+        if meta.block_mask is not None or meta.paged is not None:  # flex, paged: kernels of their own
             return read_cache(q, cache, meta)
         return self.kernels.sdpa_read(q, cache, meta.query_req, meta.query_offset, meta.context_slots,
                                       meta.attn_mask, meta.max_query_len, self.gqa)

@@ -85,8 +85,19 @@ class ModelRunner:
             raise SpecgateError(f"attention_backend='flex' on CUDA needs a head dimension of at least 16 (torch's "
                                 f"flex kernel), this model has {mc.dim_per_head}; use attention_backend='sdpa'")
         self.flex = flex_kernels(cfg.device, cfg.block_size) if cfg.attention_backend == "flex" else None
+        self.paged_kernel = paged_kernel_module() if cfg.attention_backend == "paged" else None
+        self.kv_heads = mc.num_key_value_heads
+        self.group = mc.num_attention_heads // mc.num_key_value_heads
         self.graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda and cfg.graph else None
         self.num_graph_replays = 0
+    def _paged_sizes(self, num_reqs: int, max_query_len: int, max_context_len: int):
+        """The paged kernel's launch sizes for this step, or None where sdpa's read serves it (the
+        sdpa backend, or a step whose queries are too long for the kernel: a prefill's)."""
+        kernel = self.paged_kernel
+        if kernel is None or not kernel.fits(max_query_len, self.group):
+            return None
+        return kernel.paged_sizes(num_reqs, self.kv_heads, self.group, max_query_len, max_context_len, self.block_size)
+
     def plan_step(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         return self.planner.plan(batch, policy, graph)
 
@@ -175,9 +186,10 @@ class ModelRunner:
         seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp.host_seq_lens)
 
         flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
+        paged = self._paged_sizes(num_reqs, max_query_len, max_context_len)
         meta = self.build_metadata(positions, query_start_loc, seq_lens, inp.block_tables,
                                    self.block_size, max_query_len, max_context_len, flex,
-                                   self.kv_caches[0].shape[1])
+                                   self.kv_caches[0].shape[1], paged)
         hidden, aux = self.forward(input_ids, positions, self.kv_caches, meta, self.proposer.aux_layers)
         state.token_ids[token_slot, positions] = input_ids
 
@@ -275,3 +287,12 @@ def step_sizes(plan: StepPlan) -> tuple[int, int, int, int]:
     length, tokens, logits). A graph bucket fixes all four."""
     query_lens = [row.query_len for row in plan.rows]
     return max(query_lens), plan.max_context_len, sum(query_lens), sum(row.num_logits for row in plan.rows)
+
+
+def paged_kernel_module():
+    """engine/paged_kernel.py, imported only for the paged backend: it needs Triton."""
+    try:
+        from engine import paged_kernel
+    except ImportError as err:
+        raise SpecgateError(f"attention_backend='paged' needs Triton ({err}); use attention_backend='sdpa'") from err
+    return paged_kernel

@@ -76,8 +76,9 @@ class StepPlanner:
         self.padding_slot = cfg.max_num_seqs   # the device state's last slot
         self.buckets = graph_buckets(cfg.max_num_seqs)
         # The flex kernel reads as many blocks as each request has: its graphs need no context bucket.
+        # The paged kernel also reads only those, but splits the bucket's context across its programs.
         self.context_buckets = (context_buckets(self.table_width, self.block_size)
-                                if cfg.attention_backend == "sdpa" else [self.table_width * self.block_size])
+                                if cfg.attention_backend != "flex" else [self.table_width * self.block_size])
 
     def plan(self, batch: ScheduledBatch, policy: RunnerPolicy, graph: bool) -> StepPlan:
         rows: list[RowPlan] = []

@@ -165,11 +165,12 @@ PY
         # The depth gate on CUDA (gates/depth.py's CUDA plan: the 1B shape with 40,960 positions,
         # written once to the bench-model cache, requests past 32,768 + 1,024), then ms per plain
         # decode step at long contexts, sdpa's gather against flex's paged read, c=1 and c=8
-        # (DEPTH1B_CONTEXTS, default 4096 16384), each leg bounded so one call holds them all.
+        # (DEPTH1B_CONTEXTS, default 4096 16384) and the paged kernel (DEPTH1B_BACKENDS, default sdpa flex
+        # paged), each leg bounded so one call holds them all.
         timed depth1b "$PY" -m specgate_cli gates run depth --device "$BENCH_DEVICE" \
             --json "$OUT/depth1b.json" --junit "$OUT/depth1b.xml"
         for ctx in ${DEPTH1B_CONTEXTS:-4096 16384}; do
-            for backend in sdpa flex; do
+            for backend in ${DEPTH1B_BACKENDS:-sdpa flex paged}; do
                 timed "long-$ctx-$backend" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model decode \
                     --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
                     --prompt-len "$ctx" --max-tokens 32 --legs 2 --attention-backends "$backend" \

@@ -1,10 +1,11 @@
 """The CUDA device path, on a GPU only (skipped elsewhere): the compiled flex kernel against the
 reference attention, in float32 and bfloat16; the kernel inside a CUDA graph; and the fixture
 target giving, in float32, the CPU's greedy tokens in every arm (eager/graph, sync/async,
-attention_backend sdpa/flex) with ngram spec (k=3), several requests of mixed lengths and
+attention_backend sdpa/flex/paged) with ngram spec (k=3), several requests of mixed lengths and
 arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
 Graphs are captured at start-up, for every (batch, context) bucket. And flex's floor on the head
-dimension: refused under 16 on CUDA, by name."""
+dimension: refused under 16 on CUDA, by name. The paged backend's Triton kernel, compiled, against
+the reference on decode and verify rows, split and whole, and inside a CUDA graph."""
 import gc
 import os
 
@@ -22,7 +23,7 @@ TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(ato
 
 def batch(dtype, heads=8, kv_heads=2, seed=0, head_dim=64):
     """head_dim 64 as the 1B shape's; the kernel refuses below 16 (NYI in torch's flex lowering)."""
-    from test_attention_backends import paged_batch
+    from helpers.paged_batches import paged_batch
     return paged_batch(MIXED, heads, kv_heads, seed, block=BLOCK, num_blocks=32, dtype=dtype, device="cuda",
                        head_dim=head_dim)
 
@@ -65,6 +66,50 @@ def test_flex_kernel_replays_inside_a_cuda_graph():
     torch.testing.assert_close(out, reference(q, k, v, cache, inputs), **TOLERANCE[torch.float32])
 
 
+SHORT = [(1, 40), (4, 21), (1, 1), (5, 70), (5, 5)]  # decode and verify rows: what the paged kernel takes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [(8, 2), (4, 4)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("head_dim", [64, 48], ids=["d64", "d48-fixture"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_the_paged_kernel_equals_the_reference_attention(dtype, gqa, head_dim, num_splits):
+    from engine.paged_kernel import BLOCK_N, PagedSizes, paged_read
+    from helpers.paged_batches import paged_batch
+    q, k, v, cache, inputs = paged_batch(SHORT, *gqa, seed=1, block=BLOCK, num_blocks=32, dtype=dtype,
+                                         device="cuda", head_dim=head_dim)
+    sizes = PagedSizes(32, num_splits, BLOCK_N * (2 // num_splits + 1), BLOCK)
+    assert sizes.num_splits * sizes.split_len >= inputs["max_context_len"]
+    cache = cache.clone()
+    meta = build_attention_metadata(**inputs)
+    expected = paged_attention(q, k, v, cache, meta)  # writes the step's keys
+    out = paged_read(q, cache, inputs["block_tables"], inputs["query_start_loc"], inputs["positions"],
+                     inputs["seq_lens"], sizes)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), reference(q, k, v, cache, inputs), **TOLERANCE[dtype])
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+
+
+def test_the_paged_kernel_replays_inside_a_cuda_graph():
+    from engine.paged_kernel import paged_sizes
+    from helpers.paged_batches import paged_batch
+    q, k, v, cache, inputs = paged_batch(SHORT, 8, 2, seed=2, block=BLOCK, num_blocks=32, device="cuda")
+    sizes = paged_sizes(len(SHORT), 2, 4, inputs["max_query_len"], inputs["max_context_len"], BLOCK)
+    meta = build_attention_metadata(**inputs, paged=sizes)
+    cache = cache.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        paged_attention(q, k, v, cache, meta)  # Triton compiles at the first call, outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, k, v, cache, meta)
+    cache.copy_(torch.randn_like(cache))
+    graph.replay()
+    torch.testing.assert_close(out, reference(q, k, v, cache, inputs), **TOLERANCE[torch.float32])
+
+
 def test_flex_on_cuda_refuses_a_head_dimension_under_16_and_takes_16_and_sdpa_takes_any(tmp_path,
                                                                                       hf_tokenizer_dir):
     """torch's flex lowering does not implement a head dimension under 16: the engine refuses it by
@@ -92,7 +137,7 @@ ARRIVALS = [0, 0, 2, 3, 6]
 NOT_UNDER_MUTATION = pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation",
                                         reason="dynamo cannot trace mutmut's trampolines")
 ARMS = [pytest.param(dict(graph=g, async_runner=a, attention_backend=b, compile=c), marks=[NOT_UNDER_MUTATION] * c)
-        for c in (False, True) for b in ("sdpa", "flex") for g in (False, True) for a in (False, True)]
+        for c in (False, True) for b in ("sdpa", "flex", "paged") for g in (False, True) for a in (False, True)]
 
 
 def run(device, **arm):
@@ -127,7 +172,7 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
         assert "graph" in arms and llm.runner.num_graph_replays > 0
         # each capture synchronises once, inside the wait the no-sync gate knows by this name
         assert llm.runner.declared_syncs.counts["graph capture"] == len(llm.runner.graphs)
-    if arm["graph"] and arm["attention_backend"] == "sdpa":
+    if arm["graph"] and arm["attention_backend"] != "flex":
         assert len(planner.context_buckets) > 1  # the context is bucketed, not padded to the table
 
 

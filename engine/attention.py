@@ -130,14 +130,15 @@ def flex_kernels(device: str, block_size: int) -> FlexKernels:
     return FlexKernels(compile_fullgraph(flex, dynamic=False), compile_fullgraph(flex, dynamic=True))
 
 
-def compile_fullgraph(fn: Callable, dynamic: bool, backend: str = "inductor") -> Callable:
-    """torch.compile(fn, fullgraph=True), with dynamo's recompile limit raised to RECOMPILE_LIMIT
-    (a process-wide setting: dynamo counts it per code object, shared by every engine built in
-    the process, so it cannot be given to one engine alone), and inductor's kernels kept in
+def compile_fullgraph(fn: Callable, dynamic: bool, backend: str = "inductor", **settings) -> Callable:
+    """torch.compile(fn, fullgraph=True, **settings: mode or options), with dynamo's recompile limit
+    raised to RECOMPILE_LIMIT (a process-wide setting: dynamo counts it per code object, shared by
+    every engine built in the process, so it cannot be given to one engine alone; past it a
+    fullgraph compile fails rather than run the function eagerly), and inductor's kernels kept in
     specgate's cache across runs (engine/compile_cache.py)."""
     inductor_cache_dir()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend, **settings)
 
 
 def _flex_reference(q, k, v, block_mask, gqa):

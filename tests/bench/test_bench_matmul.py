@@ -208,3 +208,16 @@ def test_a_cpu_timing_is_one_call_s_seconds_the_median_over_the_repeats(monkeypa
     assert matmul.time_call(call, torch.zeros(1, 2), torch.zeros(3, 2), reps=4, repeats=3) == pytest.approx(
         2e-6, rel=1e-6)
     assert next(costs, None) is None  # 3 warm-up calls and 3 x 4 timed ones, no more
+
+
+def test_every_compiled_timing_of_a_whole_report_times_a_compiled_graph(tmp_path, dynamo_counters):
+    """A report compiles F.linear once per matrix, row count and variant (the 1B shape's: 5 x 3 x 3 = 45
+    graphs, all on one code object). Past dynamo's recompile limit (8 by default) torch.compile falls
+    back to running F.linear eagerly, silently, and the report would time cuBLAS under an inductor
+    variant's name (seen on the CPU: 37 of 45). Every compiled call must have its own graph; a report
+    too large for the raised limit must fail, not time eager calls."""
+    small = config(tmp_path, "tiny")  # the 1B shape's five matrices, small
+    rows, compiled = (1, 2, 3), ("inductor", "autotune", "coordinate-descent")
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default, whatever ran before
+        matmul.matmul_report(small, "cpu", dtype=torch.float32, rows=rows, variants=compiled, reps=1, repeats=1)
+    assert dynamo_counters["stats"]["unique_graphs"] == len(matmul.weight_matrices(small)) * len(rows) * len(compiled)

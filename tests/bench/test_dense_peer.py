@@ -2,7 +2,8 @@
 are specgate's on the same weights (the fixture target: MHA, untied head; the tiny benchmark
 shape: GQA), at each concurrency, so the ratio the benchmark prints compares two decoders of one
 model; and its report's figures, timed by difference as the transformers peer's are (on CUDA, each
-decode fenced by a synchronize, checked with a stand-in GPU queue), and what it asks torch.compile."""
+decode fenced by a synchronize, checked with a stand-in GPU queue) and first tokens (specgate's first
+16, as the transformers peer keeps them), what it asks torch.compile, and its state (the weights alone)."""
 from types import SimpleNamespace
 
 import pytest
@@ -188,3 +189,27 @@ def test_the_dense_decoder_is_frozen_like_the_loaded_model_and_records_no_autogr
     tokens = decoder(torch.tensor(bench_prompts(1, 4, seed=0)), torch.arange(4))
     caches = [c for layer in decoder.layers for c in (layer.k_cache, layer.v_cache)]
     assert tokens.grad_fn is None and not any(c.requires_grad or c.grad_fn is not None for c in caches)
+
+
+def test_the_report_keeps_specgate_s_first_sixteen_greedy_tokens_however_long_the_timed_decode(bench_tiny_dir):
+    """The first tokens a report keeps are the first prompt's first 16, as the transformers peer's
+    report keeps them (engine/bench/peer.py), whatever the long decode's length (17 here): they
+    compare token for token with specgate's 16 greedy tokens and with the other peer's."""
+    prompts = bench_prompts(2, 8, seed=3)
+    want = LLM(bench_tiny_dir, dtype="float32", max_model_len=64).generate(
+        prompts[:1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].token_ids
+    model = load_model(bench_tiny_dir, dtype=torch.float32)
+    got = dense_peer_figures(model, prompts, [1, 2], short=2, long=17, repeats=1, compile=False)
+    assert [r["first_tokens"] for r in got["per_concurrency"].values()] == [want] * 2
+
+
+def test_the_decoder_s_state_is_its_weights_not_its_caches(bench_tiny_dir):
+    """The static caches are scratch, sized for one batch and length, as the causal mask is: left
+    out of the decoder's state_dict, so its state is the fused weights alone, the same whatever the
+    batch and length, and one decoder's state loads into a decoder of another batch and length."""
+    model = load_model(bench_tiny_dir, dtype=torch.float32)
+    small, large = DensePeer(model, 1, 8, compile=False).decoder, DensePeer(model, 3, 20, compile=False).decoder
+    state = small.state_dict()
+    assert set(state) == {name for name, _ in small.named_parameters()}
+    assert {n: t.shape for n, t in state.items()} == {n: t.shape for n, t in large.state_dict().items()}
+    large.load_state_dict(state)

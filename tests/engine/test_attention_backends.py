@@ -23,7 +23,7 @@ from engine.attention import (
 )
 from engine.config import EngineConfig
 from engine.errors import SpecgateError
-from helpers.paged_batches import BLOCK, NUM_BLOCKS, paged_batch
+from helpers.paged_batches import BLOCK, NUM_BLOCKS, paged_batch, ragged_rows
 
 
 def attend(q, k, v, cache, inputs, flex=None):
@@ -33,8 +33,7 @@ def attend(q, k, v, cache, inputs, flex=None):
     return paged_attention(q, k, v, cache, meta), cache
 
 
-ROWS = st.lists(st.tuples(st.integers(1, 9), st.integers(0, 30)).map(lambda t: (t[0], t[0] + t[1])),
-                min_size=1, max_size=5)
+ROWS = ragged_rows(max_query_len=9, max_past=30)
 
 
 @settings(max_examples=25, deadline=None)

@@ -50,9 +50,15 @@ def test_flex_kernel_replays_inside_a_cuda_graph():
     """Compiled and warmed up outside, captured, then replayed on new cache contents: the
     replay reads the cache in place (no gather), so it sees the new values."""
     q, k, v, cache, inputs = batch(torch.float32)
-    cache = cache.clone()
     meta = build_attention_metadata(**inputs, flex=flex_kernels("cuda", BLOCK).fixed_shapes,
                                     num_cache_slots=cache.shape[1])
+    replay_sees_new_cache_contents(q, k, v, cache, inputs, meta)
+
+
+def replay_sees_new_cache_contents(q, k, v, cache, inputs, meta) -> None:
+    """Warm the read up outside a graph (kernels compile at their first call), capture it, write new
+    cache contents and replay: the output must be the reference's on the new contents."""
+    cache = cache.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -95,19 +101,7 @@ def test_the_paged_kernel_replays_inside_a_cuda_graph():
     from helpers.paged_batches import paged_batch
     q, k, v, cache, inputs = paged_batch(SHORT, 8, 2, seed=2, block=BLOCK, num_blocks=32, device="cuda")
     sizes = paged_sizes(len(SHORT), 2, 4, inputs["max_query_len"], inputs["max_context_len"], BLOCK)
-    meta = build_attention_metadata(**inputs, paged=sizes)
-    cache = cache.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        paged_attention(q, k, v, cache, meta)  # Triton compiles at the first call, outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_attention(q, k, v, cache, meta)
-    cache.copy_(torch.randn_like(cache))
-    graph.replay()
-    torch.testing.assert_close(out, reference(q, k, v, cache, inputs), **TOLERANCE[torch.float32])
+    replay_sees_new_cache_contents(q, k, v, cache, inputs, build_attention_metadata(**inputs, paged=sizes))
 
 
 def test_flex_on_cuda_refuses_a_head_dimension_under_16_and_takes_16_and_sdpa_takes_any(tmp_path,

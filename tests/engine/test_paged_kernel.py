@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine.attention import build_attention_metadata, read_cache, write_cache
 from engine.paged_kernel import BLOCK_N, PagedSizes, fits, paged_read, paged_sizes
-from helpers.paged_batches import paged_batch
+from helpers.paged_batches import paged_batch, ragged_rows
 
 
 def both_reads(q, k, v, cache, inputs, sizes: PagedSizes):
@@ -23,8 +23,7 @@ def both_reads(q, k, v, cache, inputs, sizes: PagedSizes):
     return out, ref
 
 
-DECODE_OR_VERIFY = st.lists(st.tuples(st.integers(1, 5), st.integers(0, 60)).map(lambda t: (t[0], t[0] + t[1])),
-                            min_size=2, max_size=4)
+DECODE_OR_VERIFY = ragged_rows(max_query_len=5, max_past=60, min_size=2, max_size=4)
 
 
 @settings(max_examples=8, deadline=None)

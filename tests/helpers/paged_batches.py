@@ -1,6 +1,7 @@
 """Random paged batches for the attention backends' tests: several requests of mixed query and
 context lengths flattened into one step, their blocks drawn at random from a shuffled pool."""
 import torch
+from hypothesis import strategies as st
 
 BLOCK, NUM_BLOCKS, HEAD_DIM = 4, 64, 8
 
@@ -42,3 +43,9 @@ def paged_batch(rows, heads, kv_heads, seed, block=BLOCK, num_blocks=NUM_BLOCKS,
                   seq_lens=t(seq_lens), block_tables=t(tables), block_size=block,
                   max_query_len=max(query_lens), max_context_len=width * block)
     return q, k, v, cache, inputs
+
+
+def ragged_rows(max_query_len: int, max_past: int, min_size: int = 1, max_size: int = 5):
+    """Hypothesis: (query_len, seq_len) per request, each query the last query_len of its context."""
+    row = st.tuples(st.integers(1, max_query_len), st.integers(0, max_past)).map(lambda t: (t[0], t[0] + t[1]))
+    return st.lists(row, min_size=min_size, max_size=max_size)

@@ -17,6 +17,7 @@
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
 # `matmul1b`: the 1B shape's weight matrices timed alone per variant (bench-model matmul;
 # MATMUL1B_ARGS adds options, e.g. --rows 1 --variants eager).
+# `paged1b`: the paged attention backend against sdpa on the 1B shape (tests, decode, kernels, 16k).
 # `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py) and ms
 # per plain decode step at 4k and 16k tokens of context, sdpa against flex. On CUDA
 # every gate stage judges both forwards (the reference and the compiled one, the CUDA default).
@@ -178,6 +179,33 @@ PY
             done
         done
         ;;
+    paged1b)
+        # The paged attention backend (engine/paged_kernel.py) against sdpa on the 1B shape, in one
+        # call of about 9 minutes: the kernel's CUDA tests, ms per plain decode step of the compiled
+        # async graph arm at c=1 and c=8, kernels per step by class (eager arm), and the paged
+        # kernel at PAGED1B_CONTEXTS (default 16384) tokens of context (PAGED1B_LONG_BACKENDS, default
+        # paged: the depth1b stage times sdpa there).
+        timed paged1b-tests timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda_path.py \
+            -k "paged and not compiled"
+        timed paged1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
+            || continue
+        timed paged1b-decode timeout 170 "$PY" -m specgate_cli bench-model decode --model "$BENCH1B_DIR" \
+            --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 --prompt-len 64 --max-tokens 96 \
+            --legs 2 --compile on --attention-backends sdpa,paged --json "$OUT/paged1b-decode.json"
+        for backend in paged sdpa; do
+            timed "paged1b-kernels-$backend" timeout 80 "$PY" -m specgate_cli bench --model "$BENCH1B_DIR" \
+                --device "$BENCH_DEVICE" --compile --concurrency 1,8 --num-prompts 8 --max-tokens 32 --legs 2 \
+                --warmup-legs 1 --count-kernels --attention-backend "$backend" --json "$OUT/paged1b-kernels-$backend.json"
+        done
+        for ctx in ${PAGED1B_CONTEXTS:-16384}; do
+            for backend in ${PAGED1B_LONG_BACKENDS:-paged}; do
+                timed "long-$ctx-$backend" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model \
+                    decode --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
+                    --prompt-len "$ctx" --max-tokens 32 --legs 2 --attention-backends "$backend" \
+                    --json "$OUT/long-$ctx-$backend.json"
+            done
+        done
+        ;;
     gates1b)
         timed gates1b-write "$PY" -m specgate_cli bench-model write --shape "$BENCH1B_SHAPE" --dir "$BENCH1B_DIR" \
             || continue
@@ -198,7 +226,7 @@ PY
         timed startup1b "$PY" -m specgate_cli bench --measure-startup --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
             --spec ngram --graph $STARTUP_ARGS --json "$OUT/startup1b.json"
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b matmul1b gates1b depth1b startup)" >&2
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b matmul1b paged1b gates1b depth1b startup)" >&2
        exit 2 ;;
     esac
 done

@@ -182,7 +182,8 @@ PY
     paged1b)
         # The paged attention backend (engine/paged_kernel.py) against sdpa on the 1B shape, in one
         # call of about 9 minutes: the kernel's CUDA tests, ms per plain decode step of the compiled
-        # async graph arm at c=1 and c=8, kernels per step by class (eager arm), and the paged
+        # async graph arm at c=1 and c=8, kernels per step by class (eager arm; PAGED1B_KERNEL_BACKENDS,
+        # default paged sdpa), and the paged
         # kernel at PAGED1B_CONTEXTS (default 16384) tokens of context (PAGED1B_LONG_BACKENDS, default
         # paged: the depth1b stage times sdpa there).
         timed paged1b-tests timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_cuda_path.py \
@@ -192,7 +193,7 @@ PY
         timed paged1b-decode timeout 170 "$PY" -m specgate_cli bench-model decode --model "$BENCH1B_DIR" \
             --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 --prompt-len 64 --max-tokens 96 \
             --legs 2 --compile on --attention-backends sdpa,paged --json "$OUT/paged1b-decode.json"
-        for backend in paged sdpa; do
+        for backend in ${PAGED1B_KERNEL_BACKENDS:-paged sdpa}; do
             timed "paged1b-kernels-$backend" timeout 80 "$PY" -m specgate_cli bench --model "$BENCH1B_DIR" \
                 --device "$BENCH_DEVICE" --compile --concurrency 1,8 --num-prompts 8 --max-tokens 32 --legs 2 \
                 --warmup-legs 1 --count-kernels --attention-backend "$backend" --json "$OUT/paged1b-kernels-$backend.json"

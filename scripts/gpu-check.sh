@@ -62,6 +62,12 @@ timed() {  # timed NAME COMMAND...: run, log to $OUT/NAME.log, remember rc and s
     return $rc
 }
 
+long_context_leg() {  # long_context_leg CONTEXT BACKEND: ms per plain decode step at CONTEXT tokens, c=1 and 8
+    timed "long-$1-$2" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model decode \
+        --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
+        --prompt-len "$1" --max-tokens 32 --legs 2 --attention-backends "$2" --json "$OUT/long-$1-$2.json"
+}
+
 if ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -172,10 +178,7 @@ PY
             --json "$OUT/depth1b.json" --junit "$OUT/depth1b.xml"
         for ctx in ${DEPTH1B_CONTEXTS:-4096 16384}; do
             for backend in ${DEPTH1B_BACKENDS:-sdpa flex paged}; do
-                timed "long-$ctx-$backend" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model decode \
-                    --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
-                    --prompt-len "$ctx" --max-tokens 32 --legs 2 --attention-backends "$backend" \
-                    --json "$OUT/long-$ctx-$backend.json"
+                long_context_leg "$ctx" "$backend"
             done
         done
         ;;
@@ -200,10 +203,7 @@ PY
         done
         for ctx in ${PAGED1B_CONTEXTS:-16384}; do
             for backend in ${PAGED1B_LONG_BACKENDS:-paged}; do
-                timed "long-$ctx-$backend" timeout "${DEPTH1B_LEG_TIMEOUT:-150}" "$PY" -m specgate_cli bench-model \
-                    decode --shape llama-1b-deep --device "$BENCH_DEVICE" --runners async --arm graph --concurrency 1,8 \
-                    --prompt-len "$ctx" --max-tokens 32 --legs 2 --attention-backends "$backend" \
-                    --json "$OUT/long-$ctx-$backend.json"
+                long_context_leg "$ctx" "$backend"
             done
         done
         ;;

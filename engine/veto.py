@@ -112,7 +112,7 @@ def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None
     return None
 
 
-def use_async_runner(spec: str | None, requested: bool | None, device: str = "cpu", compiled: bool = False,
+def use_async_runner(spec: str | None, requested: bool | None, device: str, compiled: bool = False,
                      graph: bool = False, evidence: Path | None = None) -> bool:
     env = os.environ.get(ENV_VAR)
     if env not in (None, "", "0", "1"):
@@ -135,6 +135,6 @@ def use_async_runner(spec: str | None, requested: bool | None, device: str = "cp
     return True
 
 
-def runner_policy(spec: str | None, requested: bool | None, device: str = "cpu",
+def runner_policy(spec: str | None, requested: bool | None, device: str,
                   compiled: bool = False, graph: bool = False) -> RunnerPolicy:
     return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled, graph))

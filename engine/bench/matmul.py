@@ -84,7 +84,7 @@ def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> 
             graph.replay()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / reps)
+            times.append(start.elapsed_time(end) * 1e-3 / reps)  # ms
         else:
             t0 = time.perf_counter()
             for _ in range(reps):
@@ -105,10 +105,10 @@ def matmul_report(cfg: ModelConfig, device: str, dtype: torch.dtype = torch.bflo
             moved = (w.numel() + x.numel() + m * out_f) * w.element_size()
             for variant in variants:
                 seconds = time_call(matmul_fn(variant), x, w, reps, repeats)
-                timings.append(MatmulTiming(name, m, variant, round(seconds * 1e6, 3), moved,
-                                            round(moved / seconds / 1e9, 1)))
+                t = MatmulTiming(name, m, variant, round(seconds * 1e6, 3), moved, round(moved / seconds / 1e9, 1))
+                timings.append(t)
                 if progress is not None:
-                    progress(f"{name} M={m} {variant}: {seconds * 1e6:.2f} µs, {moved / seconds / 1e9:.0f} GB/s")
+                    progress(f"{name} M={m} {variant}: {t.microseconds:.2f} µs, {t.gb_per_s:.0f} GB/s")
     best = {}
     for t in timings:
         key = f"{t.matrix} M={t.rows}"

@@ -4,7 +4,7 @@
 proposer's tensors on the engine's device, the distribution checks' dense forward, the kernel
 count's CUDA events, a bench leg's GPU time, the load measured in a child (and the child's body),
 the copy bandwidth and the decode report's GPU,
-and the transformers peer."""
+the matmul timer's CUDA graph, and the transformers peer."""
 import json
 import math
 import os
@@ -114,6 +114,30 @@ def test_the_matmul_benchmark_times_each_variant_in_a_cuda_graph(tmp_path):
     got = matmul_report(ModelConfig.from_dir(tmp_path), "cuda", rows=(1, 8), reps=10, repeats=2)
     assert got["gpu"] == torch.cuda.get_device_name(0) and len(got["timings"]) == 5 * 2 * len(VARIANTS)
     assert all(t["microseconds"] > 0 for t in got["timings"]) and set(got["per_step_us"]) == {"1", "8"}
+
+
+def test_the_matmul_timer_reads_one_call_s_gpu_time():
+    """time_call's CUDA figure (`reps` calls captured in one graph, the replay timed with CUDA
+    events) against an independent one: the same matmul launched `reps` times eagerly between two
+    events. The matrix (8192 x 8192 bf16, 128 MiB: tens of µs a call, several launches' time) keeps
+    the eager loop GPU-bound, so the two agree within 1.5x; a timer that read the host's launch
+    time, or scaled ms to s or per call wrongly, is off by 5x to 10^6."""
+    import torch.nn.functional as F
+
+    from engine.bench.matmul import time_call
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(8, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    got = time_call(F.linear, x, w, reps=20, repeats=3)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(20):
+        F.linear(x, w)
+    end.record()
+    end.synchronize()
+    eager = start.elapsed_time(end) / 1e3 / 20
+    assert eager / 1.5 < got < eager * 1.5, (got, eager)
 
 
 def test_the_dense_peer_compiled_on_cuda_decodes_specgate_s_tokens(bench_tiny_dir):

@@ -237,21 +237,21 @@ def test_veto_decides_the_runner(monkeypatch, env, spec, requested, expected):
         monkeypatch.delenv(ENV_VAR, raising=False)
     else:
         monkeypatch.setenv(ENV_VAR, env)
-    assert use_async_runner(spec, requested) is expected
+    assert use_async_runner(spec, requested, "cpu") is expected
 
 
 @pytest.mark.parametrize("env", ["2", "yes", "true", " 1", "00"])
 def test_veto_environment_variable_must_be_0_or_1(monkeypatch, env):
     monkeypatch.setenv(ENV_VAR, env)
     with pytest.raises(SpecgateError, match=rf"^VT_ASYNC_RUNNER must be 0 or 1, got {env!r}$"):
-        use_async_runner(None, None)
+        use_async_runner(None, None, "cpu")
 
 
 @pytest.mark.parametrize("spec", ["ngram", "block"])
 def test_veto_warning_says_how_to_lift_it(monkeypatch, caplog, spec):
     monkeypatch.delenv(ENV_VAR, raising=False)
     with caplog.at_level(logging.WARNING, logger="specgate"):
-        assert use_async_runner(spec, None) is False  # on the CPU: no evidence covers a CPU run
+        assert use_async_runner(spec, None, "cpu") is False  # on the CPU: no evidence covers a CPU run
     assert [r.getMessage() for r in caplog.records] == [
         f"async runner vetoed for speculative decoding (spec={spec}): {evidence_refusal('cpu', False, False)}; using "
         "the sync runner (--async-runner, VT_ASYNC_RUNNER=1 or async_runner=True lifts it for a run)"]

@@ -318,6 +318,8 @@ def test_preemptions_are_counted_and_finish_releases_the_slot():
     assert sched.schedule().requests == [req] and req.slot is not None
     sched.finish(req, "stop")
     assert req.slot is None and sorted(sched.free_slots) == [0, 1]
+    # finished by hand (no step produced past its end): nothing counted as truncated
+    assert (req.finish_reason, req.stats.num_truncated) == ("stop", 0)
 
 
 def test_a_request_that_needs_host_history_gets_no_drafts():

@@ -47,7 +47,7 @@ def test_the_veto_hands_out_the_policy_of_the_runner_it_picks(monkeypatch, env, 
     monkeypatch.delenv(ENV_VAR, raising=False)
     if env is not None:
         monkeypatch.setenv(ENV_VAR, env)
-    assert runner_policy(spec, requested) == RunnerPolicy(is_async=is_async)
+    assert runner_policy(spec, requested, "cpu") == RunnerPolicy(is_async=is_async)
 
 
 def test_a_step_result_row_round_trips_through_its_packed_tensor():

@@ -66,6 +66,16 @@ def test_ahead_but_under_the_level_is_red():
     assert judge_busy("graph", ab, 0.35) == []
 
 
+def test_a_level_reached_exactly_counts_as_reached_for_both_runners():
+    """The threshold is a level to reach: the async runner at exactly the threshold passes it, and
+    the sync runner at exactly the threshold reaches it too, so the negative control is red."""
+    ab = PairedMedianAB("busy", H200_SYNC, H200_ASYNC, min_effect=BUSY_MIN_EFFECT)
+    assert (median(H200_SYNC), median(H200_ASYNC)) == (.430, .596)
+    assert judge_busy("graph", ab, .596) == []
+    problems = judge_busy("graph", ab, .430)
+    assert len(problems) == 1 and "the negative control passed" in problems[0], problems
+
+
 def test_lower_is_better_flips_the_sides():
     tpot = PairedMedianAB("tpot_ms", [10.0, 10.1, 10.2, 10.0, 10.1], [9.0, 9.1, 9.0, 9.2, 9.1],
                           higher_is_better=False)

@@ -275,6 +275,25 @@ def test_the_ci_workflow_runs_every_shard_and_merges_them_with_the_cli():
     assert mutation_shard.parse_shard(f"{count}/{count}") == (count, count)
 
 
+def test_the_documented_shard_count_follows_from_the_measured_shards():
+    """The workflow's count is derived, not guessed: the documented cost per mutant is the slowest
+    of the committed from-scratch shards' (their wall time less the command's fixed cost, over the
+    mutants each tested), and the count is the scope over the mutants a shard can test in the budget."""
+    import math
+    doc = (REPO / "docs" / "mutation-runs.md").read_text()
+    line = re.search(r"\*\*Derivation:\*\* budget ([\d,]+) s, fixed ([\d,]+) s of which ([\d,]+) s inside the "
+                     r"command, ([\d.]+) s a mutant\s+\(the slowest of the (\d+) shards measured\), ([\d,]+) "
+                     r"mutants → (\d+) shards", doc)
+    assert line, "docs/mutation-runs.md lost its derivation line"
+    budget, fixed, inside, cost, measured, mutants, count = (float(g.replace(",", "")) for g in line.groups())
+    shards = [json.loads(p.read_text()) for p in sorted((REPO / "mutants" / "mutation").glob("scratch-*/shard-*/summary.json"))]
+    assert len(shards) == measured and all(s["shard"] is not None and s["tested"] > 0 for s in shards)
+    assert round(max((s["wall_s"] - inside) / s["tested"] for s in shards), 2) == cost
+    assert count == math.ceil(mutants / math.floor((budget - fixed) / cost))
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "mutation.yml").read_text())
+    assert len(workflow["jobs"]["shard"]["strategy"]["matrix"]["shard"]) == count
+
+
 @pytest.mark.parametrize("args, message", [
     (["--shard", "5/4"], "need 1 <= I <= N"),
     (["--shard", "two/4"], "expected I/N"),

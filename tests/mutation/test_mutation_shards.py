@@ -286,7 +286,8 @@ def test_the_documented_shard_count_follows_from_the_measured_shards():
                      r"mutants → (\d+) shards", doc)
     assert line, "docs/mutation-runs.md lost its derivation line"
     budget, fixed, inside, cost, measured, mutants, count = (float(g.replace(",", "")) for g in line.groups())
-    shards = [json.loads(p.read_text()) for p in sorted((REPO / "mutants" / "mutation").glob("scratch-*/shard-*/summary.json"))]
+    measured_shards = sorted((REPO / "mutants" / "mutation").glob("scratch-*/shard-*/summary.json"))
+    shards = [json.loads(p.read_text()) for p in measured_shards]
     assert len(shards) == measured and all(s["shard"] is not None and s["tested"] > 0 for s in shards)
     assert round(max((s["wall_s"] - inside) / s["tested"] for s in shards), 2) == cost
     assert count == math.ceil(mutants / math.floor((budget - fixed) / cost))

@@ -25,5 +25,5 @@ class NullClock:
     def launched(self) -> None:
         pass
 
-    def add_completion(self, start: float, waited: float, span) -> None:
+    def add_completion(self, start: float, waited: float, span, replayed: bool) -> None:
         pass

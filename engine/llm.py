@@ -234,7 +234,7 @@ class LLM:
                                          flight.launched_behind, flight.limits))
         self._apply(flight.plan, results)
         self.scheduler.release_held(flight.plan.requests)
-        self.clock.add_completion(started, waited, flight.gpu_span)
+        self.clock.add_completion(started, waited, flight.gpu_span, flight.replayed)
 
     def _apply(self, plan: StepPlan, results: list[StepResult]) -> None:
         """The one place a step's results reach its requests: counters, tokens, finish reasons.

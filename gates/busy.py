@@ -176,11 +176,11 @@ class StepSpans(StepPhases):
         self.spans.append(super().end_gpu(span))
         return span
 
-    def add_completion(self, start: float, waited: float, span) -> None:
+    def add_completion(self, start: float, waited: float, span, replayed: bool) -> None:
         """A step launched before this clock was handed in (the async runner's step in flight)
         has no span: its completion is not one of the window's steps."""
         if span is not None:
-            super().add_completion(start, waited, span)
+            super().add_completion(start, waited, span, replayed)
 
 
 def span_busy(spans: list[tuple]) -> float:

@@ -85,17 +85,20 @@ def fold(legs: list[Leg]) -> dict:
 
 
 def fold_phases(phases: list[dict]) -> dict:
-    """Host ms per step by phase and GPU ms per step over legs: their summed times over their
-    summed steps (a leg with more steps weighs more, as its steps do)."""
+    """Host ms per step by phase and GPU ms per step over legs, of every step and of the steps
+    replayed as a CUDA graph: their summed times over their summed steps (a leg with more steps
+    weighs more, as its steps do)."""
     steps = sum(p["steps"] for p in phases)
     gpu_steps = sum(p["gpu_steps"] for p in phases)
+    graph_steps = sum(p["graph_steps"] for p in phases)
     host = {name: sum(p["host_seconds"][name] for p in phases) for name in (*PHASES, "completion_wait")}
     per_step = {name: round(1e3 * t / steps, 4) if steps else None for name, t in host.items()}
     total = sum(host[name] for name in PHASES)
     gpu = round(sum(p["gpu_ms"] for p in phases) / gpu_steps, 4) if gpu_steps else None
+    graph = round(sum(p["graph_gpu_ms"] for p in phases) / graph_steps, 4) if graph_steps else None
     return {"steps": steps, "clock": phases[0]["clock"] if phases else None,
             "host_ms_per_step": per_step | {"total": round(1e3 * total / steps, 4) if steps else None},
-            "gpu_ms_per_step": gpu,
+            "gpu_ms_per_step": gpu, "graph_gpu_ms_per_step": graph,
             "host_over_gpu": round(1e3 * total / steps / gpu, 3) if gpu and steps else None}
 
 

@@ -96,6 +96,12 @@ class StepPhases:
         self.steps = 0          # steps launched
         self.gpu_ms = 0.0
         self.gpu_steps = 0
+        # The steps replayed as one CUDA graph apart: a graph arm's decode and verify steps. Its
+        # prefills run eagerly, the host launching each kernel inside the span, several times a
+        # replay's time, so a per-step mean over every step charges a workload with fewer steps
+        # per prompt (speculative decoding) more per step.
+        self.graph_gpu_ms = 0.0
+        self.graph_steps = 0
 
     def now(self) -> float:
         return time.perf_counter()
@@ -128,13 +134,18 @@ class StepPhases:
         self.mark("launch")
         self.steps += 1
 
-    def add_completion(self, start: float, waited: float, span) -> None:
-        """A step's completion: it began at `start` and its wait ended at `waited` (perf_counter)."""
+    def add_completion(self, start: float, waited: float, span, replayed: bool) -> None:
+        """A step's completion: it began at `start` and its wait ended at `waited` (perf_counter);
+        `replayed`: its device work was one CUDA graph replay."""
         self.seconds["completion"] += time.perf_counter() - start
         self.completion_wait += waited - start
         if span is not None:  # both events are done: the step's results, recorded after them, arrived
-            self.gpu_ms += span[0].elapsed_time(span[1])
+            ms = span[0].elapsed_time(span[1])
+            self.gpu_ms += ms
             self.gpu_steps += 1
+            if replayed:
+                self.graph_gpu_ms += ms
+                self.graph_steps += 1
 
     def as_dict(self) -> dict:
         per_step = {p: round(1e3 * s / self.steps, 4) if self.steps else None for p, s in self.seconds.items()}
@@ -147,4 +158,6 @@ class StepPhases:
                 "host_seconds": {p: round(s, 6) for p, s in self.seconds.items()}
                 | {"completion_wait": round(self.completion_wait, 6)},
                 "gpu_steps": self.gpu_steps, "gpu_ms": round(self.gpu_ms, 4),
-                "gpu_ms_per_step": round(self.gpu_ms / self.gpu_steps, 4) if self.gpu_steps else None}
+                "gpu_ms_per_step": round(self.gpu_ms / self.gpu_steps, 4) if self.gpu_steps else None,
+                "graph_steps": self.graph_steps, "graph_gpu_ms": round(self.graph_gpu_ms, 4),
+                "graph_gpu_ms_per_step": round(self.graph_gpu_ms / self.graph_steps, 4) if self.graph_steps else None}

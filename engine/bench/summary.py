@@ -65,6 +65,7 @@ def _spec_rows(spec: dict[str, dict]) -> list[dict]:
                          "tau": s["acceptance"].get("mean_acceptance_length") if measured else None,
                          "vs_plain": round(rate / base, 3) if base and rate else None,
                          "gpu_ms_per_step": (s.get("phases") or {}).get("gpu_ms_per_step"),
+                         "graph_gpu_ms_per_step": (s.get("phases") or {}).get("graph_gpu_ms_per_step"),
                          "host_over_gpu": host_over_gpu(s.get("phases"))})
     return rows
 
@@ -92,17 +93,21 @@ def targets(summary: dict) -> list[dict]:
                 if ratio in r:
                     found.append({"target": f"{arm} c={c} at least {TARGETS[ratio]}x faster than {peer}",
                                   "figure": r[ratio], "met": r[ratio] >= TARGETS[ratio]})
-    plain_gpu = {r["concurrency"]: r["gpu_ms_per_step"] for r in summary["spec_rows"] if r["label"] == "plain"}
+    # A verify step against a plain one: GPU time of the steps replayed as a graph alone. A mean
+    # over every step would count the eager prefills, several times a replay's cost, once per
+    # prompt: over a spec leg's fewer steps they weigh more.
+    plain_gpu = {r["concurrency"]: r["graph_gpu_ms_per_step"] for r in summary["spec_rows"] if r["label"] == "plain"}
     for row in summary["spec_rows"]:
         name = f"spec {row['label']}" + (f" (τ {row['tau']:.2f})" if row["tau"] is not None else "")
         if row["label"] != "plain" and row["tau"] is not None and row["tau"] >= 4.0 and row["concurrency"] == "1":
             if row["vs_plain"] is not None:
                 found.append({"target": f"{name} c=1 at least {TARGETS['spec_speedup']}x plain tokens/s",
                               "figure": row["vs_plain"], "met": row["vs_plain"] >= TARGETS["spec_speedup"]})
-            if row["gpu_ms_per_step"] and plain_gpu.get("1"):
-                cost = round(row["gpu_ms_per_step"] / plain_gpu["1"], 3)
+            if row["graph_gpu_ms_per_step"] and plain_gpu.get("1"):
+                cost = round(row["graph_gpu_ms_per_step"] / plain_gpu["1"], 3)
                 found.append({"target": f"{name} c=1 verify step at most {TARGETS['verify_cost']}x a plain "
-                                        "step's GPU time", "figure": cost, "met": cost <= TARGETS["verify_cost"]})
+                                        "step's GPU time (graph replays)", "figure": cost,
+                              "met": cost <= TARGETS["verify_cost"]})
         if row["host_over_gpu"] is not None:
             found.append({"target": f"{name} c={row['concurrency']} host time at most {TARGETS['host_over_gpu']}x "
                                     "the GPU's", "figure": row["host_over_gpu"],

@@ -158,8 +158,9 @@ def test_a_real_leg_on_the_fixture_model(make_llm):
 
 
 def phases(steps: int, plan: float, upload: float, launch: float, completion: float, wait: float,
-           gpu_ms: float = 0.0, gpu_steps: int = 0) -> dict:
+           gpu_ms: float = 0.0, gpu_steps: int = 0, graph_gpu_ms: float = 0.0, graph_steps: int = 0) -> dict:
     return {"steps": steps, "clock": "host perf_counter", "gpu_ms": gpu_ms, "gpu_steps": gpu_steps,
+            "graph_gpu_ms": graph_gpu_ms, "graph_steps": graph_steps,
             "host_seconds": {"plan": plan, "upload": upload, "launch": launch, "completion": completion,
                              "completion_wait": wait}}
 
@@ -172,6 +173,18 @@ def test_fold_phases_weighs_each_step_once():
     assert folded["host_ms_per_step"] == {"plan": 1.0, "upload": 1.0, "launch": 3.0, "completion": 2.0,
                                           "completion_wait": 0.9, "total": 7.0}
     assert folded["gpu_ms_per_step"] == 4.0 and folded["host_over_gpu"] == 1.75
+    assert folded["graph_gpu_ms_per_step"] is None  # no step replayed as a graph
+
+
+def test_fold_phases_gives_the_graph_replays_gpu_time_apart():
+    """Two legs of a graph arm, each with one eager prefill of 12 ms among replays of 1 to 2 ms:
+    every step's mean counts the prefills (40 ms over 10 steps), the replays' leaves them out
+    (16 ms over 8 replays), each summed over the legs."""
+    folded = bench.fold_phases([phases(4, 0.004, 0.008, 0.012, 0.016, 0.008, gpu_ms=15.0, gpu_steps=4,
+                                       graph_gpu_ms=3.0, graph_steps=3),
+                                phases(6, 0.006, 0.002, 0.018, 0.004, 0.001, gpu_ms=25.0, gpu_steps=6,
+                                       graph_gpu_ms=13.0, graph_steps=5)])
+    assert (folded["gpu_ms_per_step"], folded["graph_gpu_ms_per_step"]) == (4.0, 2.0)
 
 
 def test_fold_phases_gives_gpu_ms_to_four_digits_and_host_over_gpu_to_three():
@@ -179,6 +192,7 @@ def test_fold_phases_gives_gpu_ms_to_four_digits_and_host_over_gpu_to_three():
     0.571 of the (rounded) GPU time."""
     folded = bench.fold_phases([phases(3, 0.001, 0.001, 0.001, 0.001, 0.0005, gpu_ms=7.0, gpu_steps=3)])
     assert folded == {"steps": 3, "clock": "host perf_counter", "gpu_ms_per_step": 2.3333, "host_over_gpu": 0.571,
+                      "graph_gpu_ms_per_step": None,
                       "host_ms_per_step": {"plan": 0.3333, "upload": 0.3333, "launch": 0.3333, "completion": 0.3333,
                                            "completion_wait": 0.1667, "total": 1.3333}}
 
@@ -199,7 +213,7 @@ def test_the_phase_clock_adds_each_interval_to_its_phase(monkeypatch):
     clock.mark("plan")         # 10.5
     clock.mark("upload")       # 11.0
     clock.launched()           # 13.0
-    clock.add_completion(19.0, 19.5, None)   # ends at 20.0
+    clock.add_completion(19.0, 19.5, None, replayed=False)   # ends at 20.0
     assert clock.seconds == {"plan": 0.5, "upload": 0.5, "launch": 2.0, "completion": 1.0}
     assert clock.completion_wait == 0.5 and clock.steps == 1
     d = clock.as_dict()

@@ -31,7 +31,8 @@ LOAD = {"seconds": 1.5, "device": "cuda", "peak_rss_mib": 900.0, "peak_rss_mib_b
 # c=16 only in the peer's report; graph/async/compiled at c=1 only; a spec run at c=8 the plain one lacks.
 DECODE = decode_report({"graph/sync": {"1": 4.2, "8": 4.65}, "graph/async/compiled": {"1": 0.92}},
                        {"1": 0.46, "8": 0.47})
-NO_PHASES = {"gpu_ms_per_step": None, "host_over_gpu": None}  # a spec report without its legs' phases
+# a spec report without its legs' phases
+NO_PHASES = {"gpu_ms_per_step": None, "graph_gpu_ms_per_step": None, "host_over_gpu": None}
 PEER = peer_report({"1": 2.23, "16": 3.0})
 SPEC = {"plain": bench_report(None, {"1": (1000.0, 1.0)}),
         "oracle-4.3": bench_report("oracle", {"1": (3100.0, 4.3), "8": (5000.0, 4.3)})}
@@ -98,29 +99,35 @@ def test_a_target_at_its_bound_is_met_for_every_backend_of_the_compiled_async_gr
 
 
 def with_phases(report: dict, gpu_ms: float, plan: float, upload: float, launch: float, completion: float,
-                wait: float) -> dict:
+                wait: float, graph_ms: float | None = None) -> dict:
     for s in report["summary"].values():
-        s["phases"] = {"gpu_ms_per_step": gpu_ms, "host_ms_per_step": {
+        s["phases"] = {"gpu_ms_per_step": gpu_ms, "graph_gpu_ms_per_step": graph_ms, "host_ms_per_step": {
             "plan": plan, "upload": upload, "launch": launch, "completion": completion, "completion_wait": wait,
             "total": plan + upload + launch + completion}}
     return report
 
 
 def test_the_verify_step_and_the_host_are_judged_from_the_spec_legs_phases_at_their_bounds():
-    """Verify cost: the τ-about-4.3 leg's GPU ms per step over the plain leg's (1.2x met at the
-    bound, past it missed); host: plan, upload, launch and completion's own work over the GPU's
-    time (completion's wait for the GPU is not host work), 0.7x met at the bound."""
-    plain = with_phases(bench_report(None, {"1": (1000.0, 1.0)}), 1.5, 0.1, 0.2, 0.4, 1.0, 0.75)  # own 0.95
-    at_bound = with_phases(bench_report("oracle", {"1": (3000.0, 4.3)}), 1.8, 0.2, 0.3, 0.6, 1.2, 1.04)  # 1.26
-    past = with_phases(bench_report("oracle", {"1": (3000.0, 4.3)}), 1.8015, 0.2, 0.3, 0.6, 1.2, 1.0)  # 1.3
+    """Verify cost: the τ-about-4.3 leg's GPU ms per graph replay over the plain leg's (1.2x met at
+    the bound, past it missed), not per step of any kind (the eager prefills, once per prompt, weigh
+    more over a spec leg's fewer steps: 1.8 / 1.5 = 1.2 over every step where the replays' are
+    1.32); host: plan, upload, launch and completion's own work over the GPU's time per step
+    (completion's wait for the GPU is not host work), 0.7x met at the bound."""
+    plain = with_phases(bench_report(None, {"1": (1000.0, 1.0)}), 1.5, 0.1, 0.2, 0.4, 1.0, 0.75, 1.25)  # own 0.95
+    at_bound = with_phases(bench_report("oracle", {"1": (3000.0, 4.3)}), 1.8, 0.2, 0.3, 0.6, 1.2, 1.04,
+                           1.5)  # own 1.26
+    past = with_phases(bench_report("oracle", {"1": (3000.0, 4.3)}), 1.8015, 0.2, 0.3, 0.6, 1.2, 1.0, 1.5013)  # 1.3
+    prefill_heavy = with_phases(bench_report("oracle", {"1": (3000.0, 4.3)}), 1.8, 0.2, 0.3, 0.6, 1.2, 1.04, 1.65)
     got = targets(summarize(None, spec={"plain": plain, "oracle-4.3": at_bound}))
     assert [(t["target"], t["figure"], t["met"]) for t in got] == [
         ("spec plain c=1 host time at most 0.7x the GPU's", 0.633, True),
         ("spec oracle-4.3 (τ 4.30) c=1 at least 3.3x plain tokens/s", 3.0, False),
-        ("spec oracle-4.3 (τ 4.30) c=1 verify step at most 1.2x a plain step's GPU time", 1.2, True),
+        ("spec oracle-4.3 (τ 4.30) c=1 verify step at most 1.2x a plain step's GPU time (graph replays)", 1.2, True),
         ("spec oracle-4.3 (τ 4.30) c=1 host time at most 0.7x the GPU's", 0.7, True)]
     got = targets(summarize(None, spec={"plain": plain, "oracle-4.3": past}))
     assert [(t["figure"], t["met"]) for t in got[2:]] == [(1.201, False), (0.722, False)]
+    got = targets(summarize(None, spec={"plain": plain, "oracle-4.3": prefill_heavy}))
+    assert (got[2]["figure"], got[2]["met"]) == (1.32, False)
     no_phases = targets(summarize(None, spec={"plain": bench_report(None, {"1": (1000.0, 1.0)}),
                                               "oracle-4.3": at_bound}))
     assert [t["target"] for t in no_phases] == [  # no plain GPU time: no verify cost to judge

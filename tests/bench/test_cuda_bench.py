@@ -70,12 +70,20 @@ def test_the_load_child_on_cuda_reads_onto_the_device_and_touches_nothing(target
     assert got["device_peak_mib"] >= got["weights_mib"] > 0
 
 
-def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_a_bench_leg_on_cuda_times_every_step_s_device_work(make_llm, graph):
+    """Every step's GPU time, and apart the steps replayed as one CUDA graph: in the graph arm its
+    decode and verify steps, not the prefills (which run eagerly); in the eager arm none."""
     from engine.bench.legs import run_leg
-    llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True)
+    llm = make_llm(device="cuda", spec="ngram", num_spec_tokens=2, max_num_seqs=3, async_runner=True, graph=graph)
     leg = run_leg(llm, Workload(PROMPTS, max_tokens=(12, 8, 16), arrival_steps=(0, 1, 2)), 3, 0, 0)
     assert leg.phases["steps"] > 1 and leg.phases["gpu_steps"] == leg.phases["steps"]
     assert leg.phases["gpu_ms_per_step"] > 0 and "CPU" not in leg.phases["clock"]
+    if graph:
+        assert 0 < leg.phases["graph_steps"] < leg.phases["steps"] and leg.phases["graph_gpu_ms_per_step"] > 0
+        assert leg.phases["graph_steps"] == llm.runner.num_graph_replays
+    else:
+        assert leg.phases["graph_steps"] == 0 and leg.phases["graph_gpu_ms_per_step"] is None
 
 
 def test_the_copy_bandwidth_on_cuda_is_a_device_copy():

@@ -45,16 +45,17 @@ def run_steps(monkeypatch, clock: StepPhases, steps: list[dict]) -> StepPhases:
         FakeEvent.gpu_now = s["gpu"][1]
         span = clock.end_gpu(span)
         clock.launched()
-        clock.add_completion(s["done"], s["waited"], span)
+        clock.add_completion(s["done"], s["waited"], span, replayed=s["replayed"])
     return clock
 
 
 # Two steps, in ticks: plan 2+1, upload 3+1, launch 4+4, completion 5+3 (of which waiting 2+1);
-# on the GPU 1.2345678 ms and 0.5 ms.
+# on the GPU 1.2345678 ms (launched kernel by kernel, as a graph arm's prefill) and 0.5 ms (one
+# graph replay).
 TWO_STEPS = [dict(ticks=[10.0, 10 + 2 * U, 10 + 5 * U, 10 + 9 * U, 10 + 15 * U], done=10 + 10 * U,
-                  waited=10 + 12 * U, gpu=(0.0, 1.2345678)),
+                  waited=10 + 12 * U, gpu=(0.0, 1.2345678), replayed=False),
              dict(ticks=[20.0, 20 + U, 20 + 2 * U, 20 + 6 * U, 20 + 10 * U], done=20 + 7 * U,
-                  waited=20 + 8 * U, gpu=(2.0, 2.5))]
+                  waited=20 + 8 * U, gpu=(2.0, 2.5), replayed=True)]
 HOST = {"host_ms_per_step": {"plan": 1.4648, "upload": 1.9531, "launch": 3.9062, "completion": 3.9062,
                              "completion_wait": 1.4648, "total": 11.2305},
         "host_seconds": {"plan": 0.00293, "upload": 0.003906, "launch": 0.007812, "completion": 0.007812,
@@ -63,16 +64,18 @@ HOST = {"host_ms_per_step": {"plan": 1.4648, "upload": 1.9531, "launch": 3.9062,
 
 def test_on_cuda_each_phase_sums_its_intervals_and_the_gpu_time_is_its_events_span(monkeypatch):
     """Per step: 1e3 x seconds / steps, to 4 decimals; the seconds to 6; the GPU's ms summed
-    over the steps that recorded a span."""
+    over the steps that recorded a span, and apart over those replayed as one CUDA graph."""
     got = run_steps(monkeypatch, StepPhases(cuda=True), TWO_STEPS).as_dict()
     assert got == {"steps": 2, "clock": "host perf_counter", **HOST,
-                   "gpu_steps": 2, "gpu_ms": 1.7346, "gpu_ms_per_step": 0.8673}
+                   "gpu_steps": 2, "gpu_ms": 1.7346, "gpu_ms_per_step": 0.8673,
+                   "graph_steps": 1, "graph_gpu_ms": 0.5, "graph_gpu_ms_per_step": 0.5}
 
 
 def test_on_the_cpu_there_is_no_gpu_time_and_the_clock_says_where_device_work_went(monkeypatch):
     got = run_steps(monkeypatch, StepPhases(cuda=False), TWO_STEPS).as_dict()
     assert got == {"steps": 2, "clock": "host perf_counter (CPU: device work runs inside launch)", **HOST,
-                   "gpu_steps": 0, "gpu_ms": 0.0, "gpu_ms_per_step": None}
+                   "gpu_steps": 0, "gpu_ms": 0.0, "gpu_ms_per_step": None,
+                   "graph_steps": 0, "graph_gpu_ms": 0.0, "graph_gpu_ms_per_step": None}
 
 
 @pytest.mark.parametrize("cuda, clock", [(True, "host perf_counter"),
@@ -83,7 +86,8 @@ def test_a_clock_that_saw_no_step_has_no_per_step_figures(cuda, clock):
         "host_ms_per_step": {"plan": None, "upload": None, "launch": None, "completion": None,
                              "completion_wait": None, "total": None},
         "host_seconds": {"plan": 0.0, "upload": 0.0, "launch": 0.0, "completion": 0.0, "completion_wait": 0.0},
-        "gpu_steps": 0, "gpu_ms": 0.0, "gpu_ms_per_step": None}
+        "gpu_steps": 0, "gpu_ms": 0.0, "gpu_ms_per_step": None,
+        "graph_steps": 0, "graph_gpu_ms": 0.0, "graph_gpu_ms_per_step": None}
 
 
 def test_outside_the_bench_the_phase_clock_does_nothing(monkeypatch):
@@ -93,7 +97,7 @@ def test_outside_the_bench_the_phase_clock_does_nothing(monkeypatch):
     clock.mark("plan")
     assert clock.begin_gpu() is None and clock.end_gpu(None) is None
     clock.launched()
-    clock.add_completion(clock.now(), clock.now(), None)
+    clock.add_completion(clock.now(), clock.now(), None, replayed=True)
 
 
 class CallOrder(NullClock):
@@ -101,6 +105,7 @@ class CallOrder(NullClock):
 
     def __init__(self):
         self.calls: list[str] = []
+        self.replayed: list[bool] = []
 
     def mark(self, phase: str) -> None:
         self.calls.append(phase)
@@ -113,6 +118,9 @@ class CallOrder(NullClock):
 
     def launched(self) -> None:
         self.calls.append("launched")
+
+    def add_completion(self, start: float, waited: float, span, replayed: bool) -> None:
+        self.replayed.append(replayed)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
@@ -127,3 +135,4 @@ def test_a_steps_gpu_span_opens_after_the_host_staged_its_inputs(make_llm, graph
     step = ["plan", "upload", "begin_gpu", "end_gpu", "launched"]
     steps = len(clock.calls) // len(step)
     assert steps > 1 and clock.calls == step * steps
+    assert clock.replayed == [False] * steps  # the CPU replays no graph, whatever the arm planned

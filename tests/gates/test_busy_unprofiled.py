@@ -51,7 +51,8 @@ def test_a_step_launched_before_the_clock_was_handed_in_is_not_one_of_its_steps(
     """The async runner completes the step in flight when the window opens: it has no span, and
     neither its host time nor its GPU time is the window's."""
     clock = StepSpans()
-    clock.add_completion(0.0, 0.0, None)
+    clock.add_completion(0.0, 0.0, None, replayed=False)
     assert clock.seconds["completion"] == 0.0 and clock.gpu_steps == 0
-    clock.add_completion(0.0, 0.0, (Event(1.0), Event(3.5)))
+    clock.add_completion(0.0, 0.0, (Event(1.0), Event(3.5)), replayed=True)
     assert clock.gpu_steps == 1 and clock.gpu_ms == 2.5
+    assert clock.graph_steps == 1 and clock.graph_gpu_ms == 2.5  # told on to the bench's clock

@@ -234,7 +234,8 @@ class LLM:
                                          flight.launched_behind, flight.limits))
         self._apply(flight.plan, results)
         self.scheduler.release_held(flight.plan.requests)
-        self.clock.add_completion(started, waited, flight.gpu_span, flight.replayed)
+        # The runner replays a graph for a step planned in the graph arm, on CUDA only.
+        self.clock.add_completion(started, waited, flight.gpu_span, flight.plan.arm == "graph" and self.runner.is_cuda)
 
     def _apply(self, plan: StepPlan, results: list[StepResult]) -> None:
         """The one place a step's results reach its requests: counters, tokens, finish reasons.

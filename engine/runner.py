@@ -48,7 +48,6 @@ class InFlight:
     launched_behind: int | None = None     # the step still in flight (unread) when this one was launched
     limits: ScheduleLimits | None = None   # what it was scheduled under (trace=True)
     ring_slot: int | None = None           # CUDA: the ResultRing buffer `host` views, freed when read
-    replayed: bool = False                 # its device work was one CUDA graph replay
 
 
 class ModelRunner:
@@ -110,8 +109,7 @@ class ModelRunner:
         # The step's GPU span opens after the host staged its inputs: opened before, its start
         # event fires at once on an idle device and the host's staging counts as device time.
         span = clock.begin_gpu()
-        replayed = plan.arm == "graph" and self.is_cuda
-        if replayed:
+        if plan.arm == "graph" and self.is_cuda:
             out = self._replay(plan, inputs)
         else:
             processors = [(r, req) for r, req in enumerate(plan.requests) if req.params.logits_processors]
@@ -122,8 +120,7 @@ class ModelRunner:
         # already where the host reads it; on CUDA they are copied into the result ring.
         host, event, ring_slot = self.results.download(packed) if self.is_cuda else (packed, None, None)
         # The trace reads the step a step late (async runner), after a replay has overwritten it.
-        return InFlight(plan, host, event, out.clone() if self.trace else None, span, ring_slot=ring_slot,
-                        replayed=replayed)
+        return InFlight(plan, host, event, out.clone() if self.trace else None, span, ring_slot=ring_slot)
 
     def read(self, flight: InFlight, blocking: bool) -> list[StepResult]:
         """Wait for a launched step's results (the one place the host waits on the device) and

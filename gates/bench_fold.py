@@ -131,9 +131,11 @@ def same_legs_difference(report: dict) -> Difference | None:
 
 def expected_phases(records: list[dict]) -> dict:
     """The warm legs' phase clocks folded: each phase's summed seconds over the summed steps, in
-    ms per step; GPU ms per step over the steps that had a GPU span; host total over GPU."""
+    ms per step; GPU ms per step over the steps that had a GPU span, and over those replayed as a
+    CUDA graph; host total over GPU."""
     steps = sum(r["steps"] for r in records)
     gpu_steps = sum(r["gpu_steps"] for r in records)
+    graph_steps = sum(r["graph_steps"] for r in records)
     seconds = {name: sum(r["host_seconds"][name] for r in records) for name in (*HOST_PHASES, "completion_wait")}
     host_ms = sum(seconds[name] for name in HOST_PHASES) * 1e3 / steps if steps else None
     gpu_ms = sum(r["gpu_ms"] for r in records) / gpu_steps if gpu_steps else None
@@ -141,6 +143,8 @@ def expected_phases(records: list[dict]) -> dict:
             "host_ms_per_step": {name: round(1e3 * t / steps, 4) if steps else None for name, t in seconds.items()}
             | {"total": round(host_ms, 4) if host_ms is not None else None},
             "gpu_ms_per_step": round(gpu_ms, 4) if gpu_ms is not None else None,
+            "graph_gpu_ms_per_step": round(sum(r["graph_gpu_ms"] for r in records) / graph_steps, 4)
+            if graph_steps else None,
             "host_over_gpu": round(host_ms / gpu_ms, 3) if host_ms is not None and gpu_ms else None}
 
 

@@ -295,6 +295,20 @@ def test_the_documented_shard_count_follows_from_the_measured_shards():
     assert len(workflow["jobs"]["shard"]["strategy"]["matrix"]["shard"]) == count
 
 
+def test_the_per_commit_budget_in_ci_follows_from_the_measured_ci_run():
+    """.ci/run's --budget is the documented one, and that one fits what is left of CI's time after
+    `make test` and the margin, at the measured cost of the slowest mutants."""
+    import math
+    doc = (REPO / "docs" / "mutation-runs.md").read_text()
+    line = re.search(r"\*\*Derivation \(CI budget\):\*\* CI allows (\d+) min; `make test` took (\d+) min; (\d+) min "
+                     r"kept as margin;\s+([\d.]+) s a mutant → (\d+) mutants, budget (\d+)\.", doc)
+    assert line, "docs/mutation-runs.md lost its CI budget derivation"
+    allowed, make_test, margin, cost, fits, budget = (float(g) for g in line.groups())
+    assert fits == math.floor((allowed - make_test - margin) * 60 / cost) and budget <= fits
+    ci = (REPO / ".ci" / "run").read_text()
+    assert f"--since HEAD~1 --budget {int(budget)} " in ci
+
+
 @pytest.mark.parametrize("args, message", [
     (["--shard", "5/4"], "need 1 <= I <= N"),
     (["--shard", "two/4"], "expected I/N"),

@@ -185,8 +185,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
 
 
 def write_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    kv_cache[0].index_copy_(0, slot_mapping, k)
-    kv_cache[1].index_copy_(0, slot_mapping, v)
+    """k and v [T, Hkv, D] into their slots, as one indexed write into the whole cache: inside a
+    compiled function inductor then writes it in place, where a write through kv_cache[0] and
+    kv_cache[1] (views) is lowered to a copy of each whole half (engine/fused.py)."""
+    kv_cache[:, slot_mapping] = torch.stack((k, v))
 
 
 def read_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

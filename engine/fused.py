@@ -5,18 +5,25 @@ dozen small kernels per layer when run eagerly; its norm and rotary functions se
 each layer runs as three functions over plain tensors, compiled once by torch.compile and shared
 by every layer and every bucket (dynamic shapes):
 
-    attention_inputs: RMSNorm -> one QKV matmul -> rotary on q and k       (fused elementwise)
+    attention_inputs: residual add -> RMSNorm -> one QKV matmul -> rotary on q and k
+                      -> k and v written into the layer's KV cache             (fused elementwise)
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
-    mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
+    mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down
+
+A layer hands its MLP output to the next one un-added: the residual add then fuses into the next
+layer's norm (vLLM's fused add + RMSNorm), one kernel a layer fewer; the final norm adds the last
+one. The KV cache write happens inside attention_inputs, in place: inductor fuses it with the
+rotary of k into one kernel (an indexed write into a graph input is re-inplaced, no copy of the
+cache: `test_the_compiled_layer_writes_the_cache_in_place`), two kernels a layer fewer than
+writing k and v eagerly.
 
 With compile=True the runner also compiles the pure pieces of the step around the forward: the
 sdpa attention metadata, the logits gather, verify (whose keyed sampler is ~150 integer ops a
 step, greedy rows included) and the n-gram proposer; `compiled` below serves them all. The
-combine and the commit, which write the runner's state, stay eager, and so does the KV cache
-write: inductor lowers an indexed write into a graph input to a copy of the whole cache (10 s a
-call on the CPU for a 2M-slot cache, measured). The rotary angles are computed once per step, not
-once per layer. Packing q/k/v and gate/up into one weight each keeps the Hugging Face parameters
-as views of it, so a checkpoint still loads and the memory is not doubled.
+combine and the commit, which write the runner's state, stay eager. The rotary angles are
+computed once per step, not once per layer. Packing q/k/v and gate/up into one weight each keeps
+the Hugging Face parameters as views of it, so a checkpoint still loads and the memory is not
+doubled.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,17 +68,27 @@ def _stack(*linears) -> torch.Tensor:
     return stacked
 
 
-def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int):
+def attention_inputs(x, delta, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int,
+                     cache, slot_mapping):
+    """The residual stream x + delta (the last layer's MLP output), and this layer's rotated
+    queries; its keys and values go straight into the cache."""
+    x = x + delta
     h = F.linear(rms_norm(x, norm, eps), qkv)
     q, k, v = h.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in (q, k, v))
-    return rotate(q, cos, sin), rotate(k, cos, sin), v
+    write_cache(cache, rotate(k, cos, sin), v, slot_mapping)
+    return x, rotate(q, cos, sin)
 
 
 def mlp_block(x, attn, o_proj, norm, eps: float, gate_up, down, act: str):
+    """The residual stream after attention, and the MLP's output (added by the next layer)."""
     x = x + F.linear(attn.flatten(-2), o_proj)
     gate, up = F.linear(rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
-    return x + F.linear(ACTIVATIONS[act](gate) * up, down)
+    return x, F.linear(ACTIVATIONS[act](gate) * up, down)
+
+
+def final_norm(x, delta, norm, eps: float):
+    return rms_norm(x + delta, norm, eps)
 
 
 @dataclass(frozen=True)
@@ -91,12 +108,12 @@ def compiled(fn: Callable) -> Callable:
 def compiled_kernels() -> Kernels:
     """Inductor's versions of the functions above."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
-                   compiled(mlp_block), compiled(rms_norm))
+                   compiled(mlp_block), compiled(final_norm))
 
 
 def eager_kernels() -> Kernels:
     """The same functions uncompiled: what the CPU tests compare with the reference model."""
-    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm)
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, final_norm)
 
 
 class FusedForward:
@@ -117,16 +134,17 @@ class FusedForward:
                  meta: AttentionMetadata, aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         kern, eps = self.kernels, self.eps
         x = self.model.model.embed_tokens(input_ids)
+        delta = torch.zeros_like(x)  # the residual add of layer 0: nothing before it
         cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
         aux = []
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            q, k, v = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape)
-            write_cache(cache, k, v, meta.slot_mapping)
-            x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
-                               layer.gate_up, layer.down, self.act)
+            x, q = kern.attention_inputs(x, delta, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape,
+                                         cache, meta.slot_mapping)
+            x, delta = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
+                                      layer.gate_up, layer.down, self.act)
             if i in aux_layers:
-                aux.append(x)
-        return kern.final_norm(x, self.model.model.norm.weight, eps), aux
+                aux.append(x + delta)
+        return kern.final_norm(x, delta, self.model.model.norm.weight, eps), aux
 
     def _read(self, q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if meta.block_mask is not None or meta.paged is not None:  # flex, paged: kernels of their own

@@ -190,3 +190,28 @@ def test_result_ring_copies_each_step_into_its_own_buffer_and_refuses_a_fourth_u
     host, event, slot = ring.download(torch.full((2, 5), 9, dtype=torch.long, device="cuda"))
     event.synchronize()
     assert slot == slots[0] and host.tolist() == [[9] * 5] * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_compiled_layer_writes_the_cuda_cache_in_place(dtype):
+    """The engine's compiled attention_inputs (dynamic shapes, as the runner builds it) writes k
+    and v into the cache without a copy of it: the peak memory of the call stays far under a cache
+    half (a copy would allocate one per half, every layer of every step); the cache matches the
+    uncompiled function's."""
+    from engine.fused import attention_inputs, compiled
+    from helpers.fused_layer import layer_inputs
+    num_slots = 1 << 18
+    args = layer_inputs("cuda", num_slots, dtype)
+    expected_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    fn = compiled(attention_inputs)
+    fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])  # compile outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn(*args)
+    torch.cuda.synchronize()
+    cache, half = args[-2], args[-2][0].numel() * args[-2].element_size()
+    assert torch.cuda.max_memory_allocated() - before < half / 8, "the compiled layer copies the cache"
+    attention_inputs(*expected_args)
+    assert torch.allclose(cache.float(), expected_args[-2].float(), **TOLERANCE[dtype])
+    assert cache[:, args[-1]].abs().sum() > 0

@@ -136,3 +136,28 @@ def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, tempe
     assert_same_run(run(make_llm(**kwargs), batch, temperature), run(compiled, batch, temperature))
     assert max(step.num_reqs for step in compiled.trace) > 1
     assert any(step.route == "async/graph" for step in compiled.trace)
+
+
+@pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "mutation", reason="an inductor compile (~10 s)")
+@pytest.mark.xdist_group("inductor")
+def test_the_compiled_layer_writes_the_cache_in_place():
+    """The KV cache write inside the compiled attention_inputs: the same cache and outputs as the
+    uncompiled function, and no buffer of a cache half's size in inductor's code (an indexed write
+    through a view of the cache is lowered to a copy of the whole half, every layer of every step).
+    Static shapes, so a copy's buffer would carry the slot count; the CUDA twin measures peak memory
+    under the engine's own dynamic compile (test_cuda_path.py)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from engine.attention import compile_fullgraph
+    from engine.fused import attention_inputs
+    from helpers.fused_layer import layer_inputs
+    num_slots = 4099  # a count no other buffer of the layer has
+    args, expected_args = layer_inputs("cpu", num_slots), layer_inputs("cpu", num_slots)
+    (x, q), code = run_and_get_code(compile_fullgraph(attention_inputs, dynamic=False), *args)
+    expected_x, expected_q = attention_inputs(*expected_args)
+    assert torch.allclose(x, expected_x) and torch.allclose(q, expected_q, atol=1e-5)
+    cache, expected_cache = args[-2], expected_args[-2]
+    assert torch.allclose(cache, expected_cache, atol=1e-5) and cache[:, args[-1]].abs().sum() > 0
+    allocations = [line for text in code for line in text.splitlines() if "empty_strided" in line and "(" in line]
+    assert allocations, "no inductor buffer found: the check would pass on nothing"
+    assert not [line for line in allocations if str(num_slots) in line], "the cache is copied"

@@ -5,7 +5,7 @@ dozen small kernels per layer when run eagerly; its norm and rotary functions se
 each layer runs as three functions over plain tensors, compiled once by torch.compile and shared
 by every layer and every bucket (dynamic shapes):
 
-    attention_inputs: residual add -> RMSNorm -> one QKV matmul -> rotary on q and k
+    attention_inputs: residual add -> RMSNorm -> one QKV matmul -> rotary on q and k together
                       -> k and v written into the layer's KV cache             (fused elementwise)
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
     mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down
@@ -74,10 +74,11 @@ def attention_inputs(x, delta, norm, eps: float, qkv, cos, sin, heads: int, kv_h
     queries; its keys and values go straight into the cache."""
     x = x + delta
     h = F.linear(rms_norm(x, norm, eps), qkv)
-    q, k, v = h.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in (q, k, v))
-    write_cache(cache, rotate(k, cos, sin), v, slot_mapping)
-    return x, rotate(q, cos, sin)
+    qk, v = h.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
+    # q and k rotated together: one kernel over every head, not one per tensor
+    q, k = rotate(qk.unflatten(-1, (-1, head_dim)), cos, sin).split([heads, kv_heads], dim=-2)
+    write_cache(cache, k, v.unflatten(-1, (-1, head_dim)), slot_mapping)
+    return x, q
 
 
 def mlp_block(x, attn, o_proj, norm, eps: float, gate_up, down, act: str):

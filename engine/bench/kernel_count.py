@@ -51,19 +51,33 @@ def count_kernels(llm, workload: Workload, max_steps: int = 8) -> dict:
             | (count_cuda_events(events, steps) if cuda else count_top_level_ops(events, steps)))
 
 
+# The kernels a step launches by name, most device time first: which fusions a layer got (inductor
+# names a kernel by the operations it fused). Names are cut, templated C++ names run to kilobytes.
+TOP_KERNELS, KERNEL_NAME_CHARS = 40, 100
+
+
 def count_cuda_events(events, steps: int) -> dict:
     """Per step, from a profiled window of `steps` decode steps on CUDA: the kernels, the memory
-    copies and sets, and the kernels' device time by class (largest first)."""
+    copies and sets, the kernels' device time by class (largest first) and the TOP_KERNELS
+    kernel names with the most device time (launches and µs a step)."""
     device_events = [e for e in events if e.device_type == DeviceType.CUDA]
     kinds = [device_kind(e) for e in device_events]
     by_class: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}  # name -> [launches, µs], per step
     for event, kind in zip(device_events, kinds):
         if kind == "kernel":
+            us = event.time_range.elapsed_us() / steps
             name = kernel_class(event.name)
-            by_class[name] = by_class.get(name, 0.0) + event.time_range.elapsed_us() / steps
+            by_class[name] = by_class.get(name, 0.0) + us
+            launches_us = by_name.setdefault(event.name[:KERNEL_NAME_CHARS], [0.0, 0.0])
+            launches_us[0] += 1 / steps
+            launches_us[1] += us
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
     return {"counted": "CUDA kernels", "kernels_per_step": round(kinds.count("kernel") / steps, 2),
             "copies_per_step": round(sum(k in ("gpu_memcpy", "gpu_memset") for k in kinds) / steps, 2),
-            "kernel_us_per_step": {name: round(us, 1) for name, us in sorted(by_class.items(), key=lambda kv: -kv[1])}}
+            "kernel_us_per_step": {name: round(us, 1) for name, us in sorted(by_class.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": name, "per_step": round(n, 2), "us_per_step": round(us, 1)}
+                            for name, (n, us) in largest]}
 
 
 def count_top_level_ops(events, steps: int) -> dict:

@@ -112,8 +112,29 @@ def test_cuda_counts_are_per_step_and_the_device_time_goes_to_kernel_classes_lar
               cuda_event("Memset (Device)", 1.0, "gpu_memset"), cuda_event("Event Sync", 50.0, "cuda_sync")]
     got = count_cuda_events(events, steps=3)
     assert got == {"counted": "CUDA kernels", "kernels_per_step": 1.33, "copies_per_step": 0.67,
-                   "kernel_us_per_step": {"attention": 20.8, "matmul": 15.1, "inductor fused": 1.5}}
+                   "kernel_us_per_step": {"attention": 20.8, "matmul": 15.1, "inductor fused": 1.5},
+                   "top_kernels": [
+                       {"name": "pytorch_flash::flash_fwd_kernel", "per_step": 0.33, "us_per_step": 20.8},
+                       {"name": "sm90_xmma_gemm_bf16bf16_bf16f32", "per_step": 0.33, "us_per_step": 10.0},
+                       {"name": "void gemv2T_kernel_val", "per_step": 0.33, "us_per_step": 5.1},
+                       {"name": "triton_red_fused_add_0", "per_step": 0.33, "us_per_step": 1.5}]}
     assert list(got["kernel_us_per_step"]) == ["attention", "matmul", "inductor fused"]
+
+
+def test_the_top_kernels_sum_each_name_s_launches_cut_long_names_and_keep_the_largest():
+    """Kernels by name: one name launched twice a step counts 2 launches and both times; a
+    templated name longer than KERNEL_NAME_CHARS is cut to it (two that share the cut prefix are
+    one row); past TOP_KERNELS rows, the least device time is left out."""
+    from engine.bench.kernel_count import KERNEL_NAME_CHARS, TOP_KERNELS
+    long_name = "void cutlass::Kernel<" + "x" * 200
+    events = ([cuda_event("triton_poi_fused_mul_silu_1", 2.0) for _ in range(4)]
+              + [cuda_event(long_name + "A", 9.0), cuda_event(long_name + "B", 9.0)]
+              + [cuda_event(f"tiny_{i}", 0.01 * (i + 1)) for i in range(TOP_KERNELS)])
+    top = count_cuda_events(events, steps=2)["top_kernels"]
+    assert top[0] == {"name": long_name[:KERNEL_NAME_CHARS], "per_step": 1.0, "us_per_step": 9.0}
+    assert top[1] == {"name": "triton_poi_fused_mul_silu_1", "per_step": 2.0, "us_per_step": 4.0}
+    assert len(top) == TOP_KERNELS and "tiny_0" not in [row["name"] for row in top]
+    assert [row["us_per_step"] for row in top] == sorted((row["us_per_step"] for row in top), reverse=True)
 
 
 def test_cpu_counts_are_the_top_level_aten_ops_per_step():

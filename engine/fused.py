@@ -5,17 +5,15 @@ dozen small kernels per layer when run eagerly; its norm and rotary functions se
 each layer runs as three functions over plain tensors, compiled once by torch.compile and shared
 by every layer and every bucket (dynamic shapes):
 
-    attention_inputs: residual add -> RMSNorm -> one QKV matmul -> rotary on q and k together
+    attention_inputs: RMSNorm -> one QKV matmul -> rotary on q and k together
                       -> k and v written into the layer's KV cache             (fused elementwise)
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
-    mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down
+    mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
 
-A layer hands its MLP output to the next one un-added: the residual add then fuses into the next
-layer's norm (vLLM's fused add + RMSNorm), one kernel a layer fewer; the final norm adds the last
-one. The KV cache write happens inside attention_inputs, in place: inductor fuses it with the
-rotary of k into one kernel (an indexed write into a graph input is re-inplaced, no copy of the
-cache: `test_the_compiled_layer_writes_the_cache_in_place`), two kernels a layer fewer than
-writing k and v eagerly.
+The KV cache write happens inside attention_inputs, in place (an indexed write into a graph input
+is re-inplaced, no copy of the cache: `test_the_compiled_layer_writes_the_cache_in_place`), not
+as two eager writes. Both residual adds ride on cuBLAS (addmm adds them in the matmul's epilogue),
+so moving one into the next norm saves no kernel (measured on an H100, docs/measurements.md).
 
 With compile=True the runner also compiles the pure pieces of the step around the forward: the
 sdpa attention metadata, the logits gather, verify (whose keyed sampler is ~150 integer ops a
@@ -68,28 +66,21 @@ def _stack(*linears) -> torch.Tensor:
     return stacked
 
 
-def attention_inputs(x, delta, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int,
+def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int,
                      cache, slot_mapping):
-    """The residual stream x + delta (the last layer's MLP output), and this layer's rotated
-    queries; its keys and values go straight into the cache."""
-    x = x + delta
+    """The layer's rotated queries; its keys and values go straight into the cache."""
     h = F.linear(rms_norm(x, norm, eps), qkv)
     qk, v = h.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     # q and k rotated together: one kernel over every head, not one per tensor
     q, k = rotate(qk.unflatten(-1, (-1, head_dim)), cos, sin).split([heads, kv_heads], dim=-2)
     write_cache(cache, k, v.unflatten(-1, (-1, head_dim)), slot_mapping)
-    return x, q
+    return q
 
 
 def mlp_block(x, attn, o_proj, norm, eps: float, gate_up, down, act: str):
-    """The residual stream after attention, and the MLP's output (added by the next layer)."""
     x = x + F.linear(attn.flatten(-2), o_proj)
     gate, up = F.linear(rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
-    return x, F.linear(ACTIVATIONS[act](gate) * up, down)
-
-
-def final_norm(x, delta, norm, eps: float):
-    return rms_norm(x + delta, norm, eps)
+    return x + F.linear(ACTIVATIONS[act](gate) * up, down)
 
 
 @dataclass(frozen=True)
@@ -109,12 +100,12 @@ def compiled(fn: Callable) -> Callable:
 def compiled_kernels() -> Kernels:
     """Inductor's versions of the functions above."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
-                   compiled(mlp_block), compiled(final_norm))
+                   compiled(mlp_block), compiled(rms_norm))
 
 
 def eager_kernels() -> Kernels:
     """The same functions uncompiled: what the CPU tests compare with the reference model."""
-    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, final_norm)
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm)
 
 
 class FusedForward:
@@ -135,17 +126,16 @@ class FusedForward:
                  meta: AttentionMetadata, aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         kern, eps = self.kernels, self.eps
         x = self.model.model.embed_tokens(input_ids)
-        delta = torch.zeros_like(x)  # the residual add of layer 0: nothing before it
         cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
         aux = []
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            x, q = kern.attention_inputs(x, delta, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape,
-                                         cache, meta.slot_mapping)
-            x, delta = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
-                                      layer.gate_up, layer.down, self.act)
+            q = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
+                                      meta.slot_mapping)
+            x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
+                               layer.gate_up, layer.down, self.act)
             if i in aux_layers:
-                aux.append(x + delta)
-        return kern.final_norm(x, delta, self.model.model.norm.weight, eps), aux
+                aux.append(x)
+        return kern.final_norm(x, self.model.model.norm.weight, eps), aux
 
     def _read(self, q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if meta.block_mask is not None or meta.paged is not None:  # flex, paged: kernels of their own

@@ -45,9 +45,9 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
                     help="replay each decode step as one captured CUDA graph (the graph arm), or with --no-graph "
                     "launch its kernels one by one (the eager arm) (default: the graph arm on CUDA, the eager "
                     "arm on the CPU)")
-    ap.add_argument("--attention-backend", choices=["sdpa", "flex", "paged"], default="sdpa",
-                    help="attention over the paged KV cache (EngineConfig.attention_backend): sdpa (gather, the "
-                    "default), flex or paged (a Triton kernel reading the cache in place; CUDA)")
+    ap.add_argument("--attention-backend", choices=["sdpa", "flex", "paged"], default=None,
+                    help="attention over the paged KV cache (EngineConfig.attention_backend): sdpa (gather), flex "
+                    "or paged (a Triton kernel reading the cache in place) (default: paged on CUDA, sdpa on the CPU)")
     runner = ap.add_mutually_exclusive_group()
     runner.add_argument("--async-runner", dest="async_runner", action="store_true", default=None,
                         help="use the async runner (lifts the veto for this run)")
@@ -112,7 +112,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from engine.bench import legs as bench
-    from engine.config import resolve_compile, resolve_graph
+    from engine.config import resolve_attention_backend, resolve_compile, resolve_graph
     from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
@@ -144,7 +144,8 @@ def cmd_bench(args) -> int:
               f"{leg.tokens_per_s} tokens/s in {leg.seconds:.1f} s", file=sys.stderr, flush=True)
     meta = {"spec": args.spec, "k": args.num_spec_tokens if args.spec else 0, "device": args.device,
             "graph": resolve_graph(args.graph, args.device), "compile": resolve_compile(args.compile, args.device),
-            "attention_backend": args.attention_backend, "max_model_len": _max_model_len(args),
+            "attention_backend": resolve_attention_backend(args.attention_backend, args.device),
+            "max_model_len": _max_model_len(args),
             "models": model_checksums(args.model, _drafter(args))}
     on_leg = None if terminal else leg_line
     if oracle:
@@ -278,9 +279,11 @@ def _write_json(path, result: dict) -> None:
 
 def cmd_bench_model_decode(args) -> int:
     from engine.bench.decode import decode_report
+    from engine.config import resolve_attention_backend
     result = decode_report(_bench_model_dir(args), args.device, list(args.runners), args.arm, args.concurrency,
                            args.prompt_len, args.max_tokens, args.legs, progress=_progress,
-                           attention_backends=args.attention_backends,
+                           attention_backends=args.attention_backends
+                           or (resolve_attention_backend(None, args.device),),
                            compile_modes=tuple(mode == "on" for mode in args.compile))
     for arm, per_c in result["arms"].items():
         for c, r in per_c.items():
@@ -373,9 +376,10 @@ def add_bench_model_parser(sub) -> None:
             m.add_argument("--arm", choices=["graph", "eager"], default="graph")
             m.add_argument("--max-tokens", type=int_at_least(2, 2048), default=128)
             m.add_argument("--legs", type=int_at_least(1), default=3, help="timed legs after one warm-up (median kept)")
-            m.add_argument("--attention-backends", type=choice_list("sdpa", "flex", "paged"), default=("sdpa",),
+            m.add_argument("--attention-backends", type=choice_list("sdpa", "flex", "paged"), default=None,
                            metavar="B[,B]", help="attention backends to time (EngineConfig.attention_backend; "
-                                "flex: torch's FlexAttention, paged: specgate's Triton kernel)")
+                                "flex: torch's FlexAttention, paged: specgate's Triton kernel; default: the device's, "
+                                "paged on CUDA, sdpa on the CPU)")
             m.add_argument("--compile", type=choice_list("off", "on"), default=("off",), metavar="off|on|off,on",
                            help="time the reference forward (off), the fused one compiled by inductor (on), or both")
         m.set_defaults(func=func)

@@ -175,6 +175,18 @@ def resolve_compile(compile: bool | None, device: str) -> bool:
     return device.startswith("cuda") if compile is None else compile
 
 
+def resolve_attention_backend(backend: str | None, device: str) -> str:
+    """EngineConfig.attention_backend as the engine runs it: as given, or by the device when None:
+    the paged Triton kernel on CUDA (faster than sdpa's gather at every context measured, 64 to
+    16k tokens: docs/benchmarks.md), sdpa on the CPU (where Triton runs only under its interpreter)."""
+    if backend is None:
+        return "paged" if device.startswith("cuda") else "sdpa"
+    if backend not in ATTENTION_BACKENDS:
+        raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS} or None (None: paged on "
+                            f"CUDA, sdpa on the CPU), got {backend!r}")
+    return backend
+
+
 def resolve_graph(graph: bool | None, device: str) -> bool:
     """EngineConfig.graph as the engine runs it: as given, or by the device when None."""
     if graph is not None and not isinstance(graph, bool):
@@ -204,7 +216,10 @@ class EngineConfig:
     # compiled forward's eager step took 13 to 21 ms on the 1B shape on the H200, its graph replay
     # 1.4 ms), off on the CPU (there graph=True plans the padded buckets and runs them eagerly).
     graph: bool | None = None
-    attention_backend: str = "sdpa"   # engine/attention.py: "sdpa" (reference), "flex" or "paged" (Triton)
+    # engine/attention.py: "sdpa" (the reference: gather, mask, SDPA), "flex" or "paged" (a Triton
+    # kernel reading the cache in place, for decode and verify steps; a prefill takes sdpa's read).
+    # None: resolved by the device, paged on CUDA, sdpa on the CPU.
+    attention_backend: str | None = None
     # engine/fused.py: the layers fused and compiled by inductor. None: resolved by the device, the
     # compiled forward on CUDA (where it is the fast path: 1.36 ms a 1B step against the reference's
     # 3.13 ms on the H200) and the reference one on the CPU (where inductor's compile costs 30 to
@@ -249,9 +264,7 @@ class EngineConfig:
         # resolved once: the runner, the veto and every report read a bool
         object.__setattr__(self, "compile", resolve_compile(self.compile, self.device))
         object.__setattr__(self, "graph", resolve_graph(self.graph, self.device))
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
-                                f"got {self.attention_backend!r}")
+        object.__setattr__(self, "attention_backend", resolve_attention_backend(self.attention_backend, self.device))
         if self.attention_backend == "paged" and not self.device.startswith("cuda") \
                 and os.environ.get("TRITON_INTERPRET") != "1":
             raise SpecgateError("attention_backend='paged' runs a Triton kernel: on CUDA, or on the CPU only under "

@@ -63,7 +63,7 @@ class LLM:
         if self.config.device.startswith("cuda") and not torch.cuda.is_available():
             raise SpecgateError("device='cuda' was asked for, but no CUDA device is available")
         self.policy = runner_policy(self.config.spec, self.config.async_runner, self.config.device,
-                                    self.config.compile, self.config.graph)
+                                    self.config.compile, self.config.graph, self.config.attention_backend)
         self.model = load_model(model_dir, self.config.device, self.config.torch_dtype)
         self.runner = ModelRunner(self.config, self.model, self._make_proposer(proposer))
         self.runner.capture_graphs()  # the graph arm on CUDA: every bucket, up front

@@ -5,7 +5,8 @@ Speculative decoding with the async runner is refused unless evidence says it is
 committed evidence file (engine/veto-evidence.json, written by `specgate gates verdict --record`
 after the gates ran on a GPU) lifts the veto when it says LIFT for this very engine (the sha256 of
 every engine/ source file it judged equals this engine's), for the device kind, the forward
-(reference or compiled) and the arm (graph or eager) the run uses. The verdict lifts the graph arm
+(reference or compiled), the arm (graph or eager) and the attention backend (sdpa, flex, paged:
+each reads the cache with kernels of its own) the run uses. The verdict lifts the graph arm
 only: there a step is one replay and the async runner hides the host's work behind it (ahead of
 sync beyond the floor in every A/B on the H200), while the eager arm is bound by the host
 launching kernels and async never gained there (under the floor, or behind at c=1). Any edit to
@@ -23,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import ARMS, FORWARDS
+from engine.config import ARMS, ATTENTION_BACKENDS, FORWARDS, resolve_attention_backend
 from engine.errors import SpecgateError
 from engine.policy import RunnerPolicy
 
@@ -58,6 +59,7 @@ class Evidence:
     devices: tuple[str, ...]       # device kinds the gates ran on ("cuda")
     forwards: tuple[str, ...]      # forwards the gates judged: "reference" (compile=False), "compiled"
     arms: tuple[str, ...] = ()     # arms the decision covers: "graph" (graph=True), "eager"; none: no arm
+    attention_backends: tuple[str, ...] = ()  # EngineConfig.attention_backend values the gates judged
 
     @classmethod
     def read(cls, path: Path) -> "Evidence":
@@ -69,22 +71,25 @@ class Evidence:
         if not isinstance(raw, dict):
             raise ValueError(f"{path} is not a JSON object")
         try:
+            # evidence from before arms or attention backends were recorded lifts none of them
             out = cls(raw["decision"], raw["engine_sha256"], tuple(raw["devices"]), tuple(raw["forwards"]),
-                      tuple(raw.get("arms", ())))  # evidence from before arms were recorded lifts no arm
+                      tuple(raw.get("arms", ())), tuple(raw.get("attention_backends", ())))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path} lacks {e} (it must hold decision, engine_sha256, devices, forwards)") from None
         if out.decision not in (LIFT, KEEP):
             raise ValueError(f"{path}: decision must be {LIFT} or {KEEP}, got {out.decision!r}")
-        for field, known in (("devices", DEVICE_KINDS), ("forwards", FORWARDS), ("arms", ARMS)):
+        for field, known in (("devices", DEVICE_KINDS), ("forwards", FORWARDS), ("arms", ARMS),
+                             ("attention_backends", ATTENTION_BACKENDS)):
             unknown = sorted(set(getattr(out, field)) - set(known))
             if unknown:
                 raise ValueError(f"{path}: {field} names {unknown}, not among {list(known)}")
         return out
 
 
-def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None = None) -> str | None:
-    """None when the evidence lifts the veto for a run on `device` with this forward and arm;
-    otherwise why it does not, in one line."""
+def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None = None,
+                     attention_backend: str | None = None) -> str | None:
+    """None when the evidence lifts the veto for a run on `device` with this forward, arm and
+    attention backend (None: the device's default); otherwise why it does not, in one line."""
     path = Path(path or EVIDENCE_FILE)
     if not path.is_file():
         return f"no veto evidence ({path.name} is missing): {REFRESH}"
@@ -109,11 +114,16 @@ def evidence_refusal(device: str, compiled: bool, graph: bool, path: Path | None
         covers = f"the {' and '.join(evidence.arms)} arm" if evidence.arms else "no arm"
         return (f"the veto evidence lifts {covers}, not the {arm} arm (the async runner gains only where a "
                 f"step is one graph replay: docs/async-runner.md)")
+    backend = resolve_attention_backend(attention_backend, device)
+    if backend not in evidence.attention_backends:
+        judged = (f"the {' and '.join(evidence.attention_backends)} attention backend" if evidence.attention_backends
+                  else "no attention backend")
+        return f"the veto evidence judged {judged}, not {backend} (EngineConfig.attention_backend)"
     return None
 
 
 def use_async_runner(spec: str | None, requested: bool | None, device: str, compiled: bool = False,
-                     graph: bool = False, evidence: Path | None = None) -> bool:
+                     graph: bool = False, evidence: Path | None = None, attention_backend: str | None = None) -> bool:
     env = os.environ.get(ENV_VAR)
     if env not in (None, "", "0", "1"):
         raise SpecgateError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
@@ -124,7 +134,7 @@ def use_async_runner(spec: str | None, requested: bool | None, device: str, comp
     if requested is False:
         return False
     if spec is not None:
-        why = evidence_refusal(device, compiled, graph, evidence)
+        why = evidence_refusal(device, compiled, graph, evidence, attention_backend)
         if why is None:
             log.info("async runner for speculative decoding (spec=%s): the veto is lifted by %s", spec,
                      Path(evidence or EVIDENCE_FILE).name)
@@ -135,6 +145,7 @@ def use_async_runner(spec: str | None, requested: bool | None, device: str, comp
     return True
 
 
-def runner_policy(spec: str | None, requested: bool | None, device: str,
-                  compiled: bool = False, graph: bool = False) -> RunnerPolicy:
-    return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled, graph))
+def runner_policy(spec: str | None, requested: bool | None, device: str, compiled: bool = False,
+                  graph: bool = False, attention_backend: str | None = None) -> RunnerPolicy:
+    return RunnerPolicy(is_async=use_async_runner(spec, requested, device, compiled, graph,
+                                                  attention_backend=attention_backend))

@@ -19,7 +19,8 @@ Three plans (`plan_for`):
 - CPU under `--deep` (`make gates-deep`): the same folder to 8,232 positions in buckets of 2,048.
 - CUDA: the 1B benchmark shape with 40,960 positions ("llama-1b-deep", written once to the
   bench-model cache), one request from 32,720 to 33,808, past 32,768 + 1,024, in buckets of
-  8,192, on the default attention backend (sdpa). On CUDA the step time is judged too: a plain
+  8,192, on CUDA's default attention backend (paged; the 32k prefill itself takes sdpa's read).
+  On CUDA the step time is judged too: a plain
   decode step of the graph arm at each depth may grow over the shallowest by at most STEP_GROWTH_FACTOR times the
   time to read the keys and values it adds at the measured copy bandwidth (a per-position host
   loop or a quadratic gather is far above it).

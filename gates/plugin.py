@@ -175,6 +175,7 @@ class GateSession:
         # and what its engines ran; each forward asked for is a claim ("compiled forward").
         self.forwards_asked: dict[str, set[str]] = {g.name: set() for g in gates}
         self.forwards_run: dict[str, set[str]] = {g.name: set() for g in gates}
+        self.backends_run: dict[str, set[str]] = {g.name: set() for g in gates}  # attention backends, likewise
         # A timed gate's arms left out by --timed-arms: their claims are waived, saying why.
         self.arms_left_out: dict[str, dict[str, str]] = {g.name: {} for g in gates}  # claim -> why
         self.declared_claims: dict[str, tuple[str, ...]] = {}
@@ -219,12 +220,14 @@ class GateSession:
     def build_engine(self, factory, judged: bool = True, **kwargs):
         """factory(**kwargs) (an LLM) on the running test's forward unless compile= is given. Its
         forward counts as judged by the running gate (the report's `forwards`, the claim
-        "<forward> forward"), unless judged=False: an engine the gate uses but does not judge."""
+        "<forward> forward"), and its attention backend too (`attention_backends`), unless
+        judged=False: an engine the gate uses but does not judge."""
         kwargs.setdefault("compile", self.current_forward() == COMPILED)
         llm = factory(**kwargs)
         gate = self.gate_of(self.current_item.path) if self.current_item is not None else None
         if gate is not None and judged:
             self.forwards_run[gate.name].add(llm.config.forward)
+            self.backends_run[gate.name].add(llm.config.attention_backend)
             self.claims[gate.name].add(f"{llm.config.forward} forward")
         return llm
 
@@ -352,6 +355,7 @@ class GateSession:
             evidence=evidence, measurements=[m for t in tests for m in t["measurements"]],
             claims={c: c in seen for c in claims}, waived_claims=waived,
             forwards=[f for f in FORWARDS if f in self.forwards_run[gate.name]],
+            attention_backends=sorted(self.backends_run[gate.name]),
             tests=[verdicts.TestRecord(t["nodeid"], t["outcome"], t["message"], round(t["seconds"], 3), len(t["cases"]))
                    for t in tests],
             seconds=round(sum(t["seconds"] for t in tests), 3))

@@ -46,6 +46,7 @@ class GateResult:
     claims: dict[str, bool] = field(default_factory=dict)     # claim -> whether it occurred
     waived_claims: dict[str, str] = field(default_factory=dict)  # claim -> why it is not demanded here
     forwards: list[str] = field(default_factory=list)         # forwards its engines ran: reference, compiled
+    attention_backends: list[str] = field(default_factory=list)  # EngineConfig.attention_backend its engines ran
     tests: list[TestRecord] = field(default_factory=list)
     seconds: float = 0.0
     coverage: dict | None = None  # `gates run --coverage`: this gate's reach (gates/reach.py)

@@ -12,7 +12,9 @@ and says LIFT only when:
   governs GPU runs, and busy, no-sync's sync debug mode and real graph replay exist only there;
 - every gate whose verdict depends on the forward (Gate.forward_axis) judged, green on CUDA, both
   the reference and the compiled forward (its result's `forwards`): CUDA runs compile by default,
-  and the evidence lifts the veto for the forwards it names only;
+  and the evidence lifts the veto for the forwards it names only; likewise for the attention
+  backends (its result's `attention_backends`, EngineConfig.attention_backend): the evidence names
+  those every such gate judged green on CUDA, and lifts the veto for them only;
 - every model a CUDA report judged (the fixtures, the 1B shape) has the gates whose verdict
   depends on the model's size (MODEL_GATES: busy, speed-ab, no-sync, what gpu-check's gates1b
   runs) green on CUDA, with both forwards where the gate has a forward axis: the fixtures' green
@@ -25,8 +27,8 @@ and says LIFT only when:
 Otherwise it says KEEP and names each reason. On a machine without CUDA it is always KEEP.
 
 `--record` writes the decision, with what it judged, to engine/veto-evidence.json (or a path given):
-the engine lifts its veto by default only for the engine sources, device kinds and forwards that
-file names (engine/veto.py).
+the engine lifts its veto by default only for the engine sources, device kinds, forwards, arms and
+attention backends that file names (engine/veto.py).
 """
 import json
 import time
@@ -47,6 +49,9 @@ MODEL_GATES = (BUSY_GATE, SPEED_GATE, "no-sync")
 # What a report that names no forwards judged: every gate ran the reference forward before reports
 # recorded them.
 UNRECORDED_FORWARDS = ("reference",)
+# What a gate result that names no attention backend judged: sdpa, the only default before results
+# recorded them (no gate sets a backend of its own).
+UNRECORDED_BACKENDS = ("sdpa",)
 
 
 class MixedTrees(ValueError):
@@ -60,12 +65,13 @@ class Verdict:
     runs: list[str] = field(default_factory=list)      # which gate ran where, with what status
     figures: dict = field(default_factory=dict)        # what decided it: speed-ab's graph A/Bs, busy's levels
     forwards: list[str] = field(default_factory=list)  # forwards every forward-dependent gate judged on CUDA
+    attention_backends: list[str] = field(default_factory=list)  # attention backends they all judged, likewise
 
     @property
     def line(self) -> str:
         if self.decision == LIFT:
             return (f"verdict: LIFT the veto (every gate green on CUDA, {' and '.join(self.forwards)} forward, "
-                    f"speed-ab's graph arm ahead beyond the floor)")
+                    f"{' and '.join(self.attention_backends)} attention, speed-ab's graph arm ahead beyond the floor)")
         return f"verdict: KEEP the veto ({len(self.reasons)} reason{'s' * (len(self.reasons) != 1)}: " \
                f"{'; '.join(self.reasons[:3])}{'; ...' if len(self.reasons) > 3 else ''})"
 
@@ -98,6 +104,11 @@ def forwards_of(g: GateResult, report: GateReport) -> tuple[str, ...]:
     """The forwards a gate's engines ran, as its result names them (a report from before results
     named them: its environment's, else the reference forward, all there was)."""
     return tuple(g.forwards or report.environment.get("forwards") or UNRECORDED_FORWARDS)
+
+
+def backends_of(g: GateResult) -> tuple[str, ...]:
+    """The attention backends a gate's engines ran (a result from before results named them: sdpa)."""
+    return tuple(g.attention_backends or UNRECORDED_BACKENDS)
 
 
 def model_reasons(reports: list[GateReport], model_gates: list[str], forward_gates: tuple[str, ...]) -> list[str]:
@@ -140,6 +151,7 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
                        "graph replay) did not run")
     green_on_cuda: set[str] = set()
     forwards_on_cuda: dict[str, set[str]] = {name: set() for name in names}  # judged green, no test skipped
+    backends_on_cuda: dict[str, set[str]] = {name: set() for name in names}  # likewise
     how: dict[str, list[str]] = {name: [] for name in names}
     judged: dict[str, list[GateResult]] = {SPEED_GATE: [], BUSY_GATE: []}
     for report in reports:
@@ -152,6 +164,7 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
             elif g.status == "green" and device == "cuda" and not any(t.outcome == "skipped" for t in g.tests):
                 green_on_cuda.add(g.name)
                 forwards_on_cuda.setdefault(g.name, set()).update(forwards_of(g, report))
+                backends_on_cuda.setdefault(g.name, set()).update(backends_of(g))
             if g.name in judged and device == "cuda" and g.status in ("green", "red"):
                 judged[g.name].append(g)  # a red run's figures are evidence too: what kept the veto
     for name in names:
@@ -166,11 +179,17 @@ def decide(reports: list[GateReport], gate_names: tuple[str, ...] | None = None,
                            f"both forwards, as --device cuda does by default")
     reasons += model_reasons(reports, [n for n in MODEL_GATES if n in names], forward_gates)
     covered = [f for f in FORWARDS if deciding and all(f in forwards_on_cuda[n] for n in deciding)]
+    # The evidence lifts the veto for the attention backends every forward-dependent gate judged
+    # green on CUDA (a run with another backend stays vetoed, engine/veto.py).
+    backends = sorted(set.intersection(*(backends_on_cuda[n] for n in deciding))) if deciding else []
+    if deciding and all(name in green_on_cuda for name in deciding) and not backends:
+        reasons.append("the forward-dependent gates judged no attention backend in common on CUDA: "
+                       + "; ".join(f"{n} {', '.join(sorted(backends_on_cuda[n]))}" for n in deciding))
     speed, speed_figures = speed_reasons(judged[SPEED_GATE])
     busy, busy_figures = busy_reasons(judged[BUSY_GATE])
     reasons += speed + busy
     return Verdict(KEEP if reasons else LIFT, reasons, runs, {SPEED_GATE: speed_figures, BUSY_GATE: busy_figures},
-                   covered)
+                   covered, backends)
 
 
 def _how(g: GateResult, device: str) -> str:
@@ -260,6 +279,7 @@ def evidence(v: Verdict, reports: list[GateReport], names: list[str]) -> dict:
     return {"decision": v.decision, "engine_sha256": engine,
             "devices": sorted({"cuda"} if cuda else set()),
             "forwards": list(v.forwards),
+            "attention_backends": list(v.attention_backends),
             # The arm the verdict judged: speed-ab's and busy's graph arm. The eager arm is never
             # lifted (engine/veto.py says why).
             "arms": [DECIDING_ARM] if v.decision == LIFT else [],

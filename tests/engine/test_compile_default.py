@@ -1,12 +1,12 @@
-"""The fast path by default on CUDA only: the compiled forward and the graph arm
-(EngineConfig.compile=None and graph=None resolved by the device); and where compiled kernels are
-kept between runs (engine/compile_cache.py): specgate's cache folder, with inductor pointed into
-it before the engine's first torch.compile."""
+"""The fast path by default on CUDA only: the compiled forward, the graph arm and the paged
+attention kernel (EngineConfig.compile, graph and attention_backend None, resolved by the device);
+and where compiled kernels are kept between runs (engine/compile_cache.py): specgate's cache
+folder, with inductor pointed into it before the engine's first torch.compile."""
 import os
 
 import pytest
 
-from engine.config import EngineConfig, resolve_compile, resolve_graph
+from engine.config import EngineConfig, resolve_attention_backend, resolve_compile, resolve_graph
 from engine.errors import SpecgateError
 
 
@@ -44,6 +44,24 @@ def test_graph_arm_is_resolved_by_the_device_unless_given(graph, device, expecte
     """None: the graph arm on CUDA (where the eager arm is bound by kernel launches), the eager arm on
     the CPU; the config then holds a bool."""
     assert engine(graph=graph, device=device).graph is expected and resolve_graph(graph, device) is expected
+
+
+@pytest.mark.parametrize("backend, device, expected", [
+    (None, "cpu", "sdpa"), (None, "cuda", "paged"), (None, "cuda:1", "paged"),
+    ("sdpa", "cuda", "sdpa"), ("flex", "cuda", "flex"), ("paged", "cuda:0", "paged"), ("sdpa", "cpu", "sdpa"),
+])
+def test_attention_backend_is_resolved_by_the_device_unless_given(backend, device, expected):
+    """None: the paged Triton kernel on CUDA, sdpa on the CPU (Triton runs there only under its
+    interpreter); the config then holds the backend's name, which the gates record and the veto's
+    evidence names."""
+    assert engine(attention_backend=backend, device=device).attention_backend == expected
+    assert resolve_attention_backend(backend, device) == expected
+
+
+@pytest.mark.parametrize("value", ["auto", "flash", "", 1])
+def test_attention_backend_refuses_a_name_it_does_not_know(value):
+    with pytest.raises(SpecgateError, match="^attention_backend must be one of .* or None"):
+        engine(attention_backend=value, device="cuda")
 
 
 def test_specgate_cache_is_the_environment_s_else_the_home_cache(monkeypatch, tmp_path):

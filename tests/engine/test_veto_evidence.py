@@ -1,7 +1,7 @@
 """The veto lifted by committed evidence and re-armed by any engine edit (engine/veto.py): evidence
 that says LIFT for this engine's very sources lifts it for the device kinds, forwards and arms it
-covers; an edit to any engine file, KEEP, a missing or malformed file, another device, forward or arm
-keep it,
+covers; an edit to any engine file, KEEP, a missing or malformed file, another device, forward, arm
+or attention backend keep it,
 each with one line that says why; the runner flags and VT_ASYNC_RUNNER override either way."""
 import hashlib
 import json
@@ -18,7 +18,7 @@ ENGINE = Path(veto.__file__).resolve().parent
 
 def write_evidence(path: Path, root: Path | None = None, **overrides) -> Path:
     data = {"decision": "LIFT", "engine_sha256": veto.engine_source_hash(root), "devices": ["cuda"],
-            "forwards": ["reference"], "arms": ["graph"]} | overrides
+            "forwards": ["reference"], "arms": ["graph"], "attention_backends": ["paged", "sdpa"]} | overrides
     path.write_text(json.dumps(data))
     return path
 
@@ -77,8 +77,10 @@ def test_an_edit_to_any_engine_file_rearms_the_veto_with_the_stale_line(engine_c
      "forwards names ['fused'], not among ['reference', 'compiled']"),
     ('{"decision": "LIFT", "engine_sha256": "x", "devices": [], "forwards": [], "arms": ["graph", "replay"]}',
      "arms names ['replay'], not among ['eager', 'graph']"),
+    ('{"decision": "LIFT", "engine_sha256": "x", "devices": [], "forwards": [], "attention_backends": ["flash"]}',
+     "attention_backends names ['flash'], not among ['sdpa', 'flex', 'paged']"),
 ], ids=["missing", "not-json", "not-an-object", "a-field-missing", "bad-decision", "unknown-device",
-        "unknown-forward", "unknown-arm"])
+        "unknown-forward", "unknown-arm", "unknown-attention-backend"])
 def test_a_missing_or_malformed_file_keeps_the_veto_and_says_why(engine_copy, content, why, caplog):
     if content is not None:
         veto.EVIDENCE_FILE.write_text(content)
@@ -94,18 +96,37 @@ def test_a_missing_or_malformed_file_keeps_the_veto_and_says_why(engine_copy, co
     ({"devices": []}, "cuda", False, True, "covers  runs, not cuda"),
     ({}, "cuda", False, False, "lifts the graph arm, not the eager arm"),
     ({"arms": []}, "cuda", False, True, "lifts no arm, not the graph arm"),
-], ids=["keep", "cpu", "compiled", "no-device", "eager-arm", "no-arm"])
+    ({"attention_backends": ["sdpa"]}, "cuda", False, True,
+     "judged the sdpa attention backend, not paged (EngineConfig.attention_backend)"),
+    ({"attention_backends": ["flex", "sdpa"]}, "cuda", False, True,
+     "the veto evidence judged the flex and sdpa attention backend, not paged (EngineConfig.attention_backend)"),
+    ({"attention_backends": []}, "cuda", False, True, "the veto evidence judged no attention backend, not paged"),
+], ids=["keep", "cpu", "compiled", "no-device", "eager-arm", "no-arm", "cuda-default-paged", "two-backends",
+        "no-backend"])
 def test_evidence_keeps_the_veto_outside_what_it_judged(engine_copy, overrides, device, compiled, graph, why):
     write_evidence(veto.EVIDENCE_FILE, engine_copy, **overrides)
     assert why in veto.evidence_refusal(device, compiled, graph)
     assert not veto.use_async_runner("ngram", None, device, compiled, graph)
 
 
-def test_evidence_from_before_arms_were_recorded_lifts_no_arm(engine_copy):
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "paged"])
+def test_evidence_lifts_the_veto_only_for_the_attention_backends_it_judged(engine_copy, backend):
+    """A backend named by the run (or the device's default, paged on CUDA) must be one the gates
+    judged: each backend reads the cache with kernels of its own, and the gates ran only those."""
+    write_evidence(veto.EVIDENCE_FILE, engine_copy, attention_backends=[backend])
+    for other in ("sdpa", "flex", "paged"):
+        lifted = veto.use_async_runner("ngram", None, "cuda", graph=True, attention_backend=other)
+        assert lifted is (other == backend)
+        assert veto.runner_policy("ngram", None, "cuda", graph=True, attention_backend=other).is_async is lifted
+    assert veto.use_async_runner("ngram", None, "cuda", graph=True) is (backend == "paged")  # CUDA's default
+
+
+@pytest.mark.parametrize("field, why", [("arms", "lifts no arm"), ("attention_backends", "no attention backend")])
+def test_evidence_from_before_a_field_was_recorded_lifts_none_of_it(engine_copy, field, why):
     data = json.loads(write_evidence(veto.EVIDENCE_FILE, engine_copy).read_text())
-    del data["arms"]
+    del data[field]
     veto.EVIDENCE_FILE.write_text(json.dumps(data))
-    assert "lifts no arm" in veto.evidence_refusal("cuda", False, True)
+    assert why in veto.evidence_refusal("cuda", False, True)
 
 
 def test_the_flags_and_the_environment_override_the_evidence_either_way(engine_copy, monkeypatch):
@@ -145,15 +166,17 @@ def test_the_hash_is_reproducible_from_its_definition(tmp_path):
     assert veto.source_hash(tmp_path) == want.hexdigest()
 
 
-def test_the_llm_hands_the_veto_its_device_forward_and_arm(make_llm, monkeypatch, tmp_path):
-    """LLM(...) asks the veto with its own device, forward and arm: evidence for CPU runs of the
-    reference forward's graph arm lifts an ngram engine there, and keeps the veto for the same
-    engine compiled or in the eager arm."""
+def test_the_llm_hands_the_veto_its_device_forward_arm_and_attention_backend(make_llm, monkeypatch, tmp_path):
+    """LLM(...) asks the veto with its own device, forward, arm and attention backend: evidence for
+    CPU runs of the reference forward's graph arm with sdpa lifts an ngram engine there, and keeps
+    the veto for the same engine compiled, in the eager arm or with flex attention."""
     monkeypatch.delenv(veto.ENV_VAR, raising=False)
-    monkeypatch.setattr(veto, "EVIDENCE_FILE", write_evidence(tmp_path / "veto-evidence.json", devices=["cpu"]))
+    monkeypatch.setattr(veto, "EVIDENCE_FILE", write_evidence(tmp_path / "veto-evidence.json", devices=["cpu"],
+                                                              attention_backends=["sdpa"]))
     assert make_llm(spec="ngram", graph=True).is_async
     assert not make_llm(spec="ngram", graph=True, compile=True).is_async
     assert not make_llm(spec="ngram", graph=False).is_async
+    assert not make_llm(spec="ngram", graph=True, attention_backend="flex").is_async
 
 
 def test_a_caller_that_names_no_arm_gets_the_eager_arm_which_graph_evidence_does_not_lift(engine_copy):

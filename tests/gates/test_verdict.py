@@ -213,7 +213,23 @@ def test_the_forwards_of_every_report_count_together():
 
 def test_a_lift_line_names_the_forwards_it_covers():
     assert decide([report()]).line == ("verdict: LIFT the veto (every gate green on CUDA, reference and compiled "
-                                       "forward, speed-ab's graph arm ahead beyond the floor)")
+                                       "forward, sdpa attention, speed-ab's graph arm ahead beyond the floor)")
+
+
+def test_the_verdict_covers_the_attention_backends_every_forward_gate_judged():
+    """Results that name their backends count them (paged, CUDA's default since it was measured
+    fastest); results from before they did ran sdpa. Only the backends every forward-dependent gate
+    judged green on CUDA are covered; none in common is KEEP."""
+    paged = {n: gate(n) | {"attention_backends": ["paged"]} for n in FORWARD_GATES}
+    v = decide([report(**{n.replace("-", "_"): g for n, g in paged.items()})])
+    assert v.decision == verdict.LIFT and v.attention_backends == ["paged"]
+    both = dict(paged, lossless=gate("lossless") | {"attention_backends": ["paged", "sdpa"]})
+    assert decide([report(**{n.replace("-", "_"): g for n, g in both.items()})]).attention_backends == ["paged"]
+    mixed = dict(paged, lossless=gate("lossless"))  # names none: sdpa
+    v = decide([report(**{n.replace("-", "_"): g for n, g in mixed.items()})])
+    assert v.decision == verdict.KEEP and v.attention_backends == []
+    assert v.reasons[0].startswith("the forward-dependent gates judged no attention backend in common on CUDA: ")
+    assert "lossless sdpa" in v.reasons[0] and "emit-count paged" in v.reasons[0]
 
 
 def test_every_model_judged_needs_busy_speed_ab_and_no_sync_with_both_forwards():

@@ -21,9 +21,11 @@ def test_record_writes_evidence_the_engine_reads_for_this_engine_only(tmp_path, 
     assert written["figures"]["speed-ab"] and written["reports"][0]["gates"]["busy"] == "green"
     assert {f["forward"] for f in written["figures"]["speed-ab"]} == {"reference", "compiled"}
     assert written["arms"] == ["graph"]
-    assert veto.evidence_refusal("cuda", False, True, evidence) is None
-    assert veto.evidence_refusal("cuda", True, True, evidence) is None  # compile=True, CUDA's default, is lifted too
-    assert veto.use_async_runner("ngram", None, "cuda", graph=True, evidence=evidence)
+    assert written["attention_backends"] == ["sdpa"]  # results that name no backend ran sdpa, the old default
+    assert veto.evidence_refusal("cuda", False, True, evidence, "sdpa") is None
+    assert veto.evidence_refusal("cuda", True, True, evidence, "sdpa") is None  # compile=True, CUDA's default, too
+    assert veto.use_async_runner("ngram", None, "cuda", graph=True, evidence=evidence, attention_backend="sdpa")
+    assert "not paged" in veto.evidence_refusal("cuda", True, True, evidence)  # CUDA's default backend: not judged
     assert "not the eager arm" in veto.evidence_refusal("cuda", True, False, evidence)  # the eager arm stays vetoed
     path.write_text(json.dumps(report()))  # another engine's report
     assert main(["gates", "verdict", str(path), "--record", "--evidence", str(evidence)]) == 2

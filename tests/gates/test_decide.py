@@ -70,8 +70,8 @@ def test_with_cuda_the_fixtures_then_the_1b_shape_then_one_verdict_over_both(fak
         ([g.name for g in registry.GATES], "cuda", None, str(reports / "gates.json")),
         (["busy", "speed-ab", "no-sync"], "cuda", str(folder), str(reports / "gates-1b.json"))]
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1] == ("verdict: LIFT the veto (every gate green on CUDA, reference and compiled forward, speed-ab's "
-                       "graph arm ahead beyond the floor)")
+    assert out[-1] == ("verdict: LIFT the veto (every gate green on CUDA, reference and compiled forward, sdpa "
+                       "attention, speed-ab's graph arm ahead beyond the floor)")
 
 
 def test_without_bench1b_cuda_runs_the_fixtures_alone(fake_runs, monkeypatch, tmp_path):

@@ -26,7 +26,9 @@ IGNORES_COMPILE = {ignores}
 def fake_llm(compile, **kwargs):
     """An engine as the gates see it: its config's forward; IGNORES_COMPILE: a factory that drops compile=."""
     return SimpleNamespace(config=SimpleNamespace(forward="compiled" if compile and not IGNORES_COMPILE
-                                                  else "reference"), kwargs=kwargs)
+                                                  else "reference",
+                                                  attention_backend=kwargs.get("attention_backend", "sdpa")),
+                           kwargs=kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +87,7 @@ def test_on_cuda_each_engine_building_test_runs_once_per_forward(tmp_path):
         "test_runs_both_itself": [{"built": ["reference", "compiled"]}]}
     assert gate["forwards"] == ["reference", "compiled"] and env["forwards"] == ["reference", "compiled"]
     assert gate["claims"] == {"ran": True, "reference forward": True, "compiled forward": True}
+    assert gate["attention_backends"] == ["sdpa"]  # what its engines' configs ran, for the verdict's evidence
 
 
 def test_on_the_cpu_the_reference_alone_and_no_test_ids_change(tmp_path):

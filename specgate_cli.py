@@ -112,7 +112,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from engine.bench import legs as bench
-    from engine.config import resolve_attention_backend, resolve_compile, resolve_graph
+    from engine.defaults import resolve_attention_backend, resolve_compile, resolve_graph
     from engine.loader import model_checksums
     _resolve_model_shape(args)
     if args.measure_load:
@@ -223,7 +223,8 @@ def _measure_startup(args) -> int:
     """`specgate bench --measure-startup`: building the engine and its first request, cold (an empty
     inductor cache) and warm, each in a fresh child process (engine/bench/startup.py)."""
     from engine.bench.startup import CACHE_STATES, measure_startup
-    from engine.config import ARMS, FORWARDS, resolve_compile, resolve_graph
+    from engine.config import ARMS, FORWARDS
+    from engine.defaults import resolve_compile, resolve_graph
     max_model_len = _max_model_len(args)
     engine = dict(spec=args.spec, num_spec_tokens=args.num_spec_tokens, drafter=_drafter(args), device=args.device,
                   async_runner=args.async_runner, graph=args.graph, compile=args.compile, max_model_len=max_model_len,
@@ -279,7 +280,7 @@ def _write_json(path, result: dict) -> None:
 
 def cmd_bench_model_decode(args) -> int:
     from engine.bench.decode import decode_report
-    from engine.config import resolve_attention_backend
+    from engine.defaults import resolve_attention_backend
     result = decode_report(_bench_model_dir(args), args.device, list(args.runners), args.arm, args.concurrency,
                            args.prompt_len, args.max_tokens, args.legs, progress=_progress,
                            attention_backends=args.attention_backends

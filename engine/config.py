@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from engine.activations import ACTIVATIONS, TRANSFORMERS_ACTIVATIONS
-from engine.attention import ATTENTION_BACKENDS
+from engine.defaults import resolve_attention_backend, resolve_compile, resolve_graph
 from engine.errors import ModelLoadError, SpecgateError
 from engine.hf_config import LLAMA_CONFIG_KEYS, check_keys
 from engine.policy import MAX_INFLIGHT_STEPS, kv_lookahead
@@ -165,34 +165,6 @@ class ModelConfig:
                        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)
         except ModelLoadError as e:  # name the file, not just "config.json"
             raise ModelLoadError(str(e).replace("config.json", where, 1)) from None
-
-
-def resolve_compile(compile: bool | None, device: str) -> bool:
-    """EngineConfig.compile as the engine runs it: as given, or by the device when None."""
-    if compile is not None and not isinstance(compile, bool):
-        raise SpecgateError(f"compile must be True, False or None (None: compiled on CUDA, the reference "
-                            f"forward on the CPU), got {compile!r}")
-    return device.startswith("cuda") if compile is None else compile
-
-
-def resolve_attention_backend(backend: str | None, device: str) -> str:
-    """EngineConfig.attention_backend as the engine runs it: as given, or by the device when None:
-    the paged Triton kernel on CUDA (faster than sdpa's gather at every context measured, 64 to
-    16k tokens: docs/benchmarks.md), sdpa on the CPU (where Triton runs only under its interpreter)."""
-    if backend is None:
-        return "paged" if device.startswith("cuda") else "sdpa"
-    if backend not in ATTENTION_BACKENDS:
-        raise SpecgateError(f"attention_backend must be one of {ATTENTION_BACKENDS} or None (None: paged on "
-                            f"CUDA, sdpa on the CPU), got {backend!r}")
-    return backend
-
-
-def resolve_graph(graph: bool | None, device: str) -> bool:
-    """EngineConfig.graph as the engine runs it: as given, or by the device when None."""
-    if graph is not None and not isinstance(graph, bool):
-        raise SpecgateError(f"graph must be True, False or None (None: the graph arm on CUDA, the eager arm on "
-                            f"the CPU), got {graph!r}")
-    return device.startswith("cuda") if graph is None else graph
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import ARMS, ATTENTION_BACKENDS, FORWARDS, resolve_attention_backend
+from engine.attention import ATTENTION_BACKENDS
+from engine.config import ARMS, FORWARDS
+from engine.defaults import resolve_attention_backend
 from engine.errors import SpecgateError
 from engine.policy import RunnerPolicy
 

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from engine.config import EngineConfig, resolve_attention_backend, resolve_compile, resolve_graph
+from engine.config import EngineConfig
+from engine.defaults import resolve_attention_backend, resolve_compile, resolve_graph
 from engine.errors import SpecgateError
 
 

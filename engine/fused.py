@@ -16,9 +16,9 @@ as two eager writes. Both residual adds ride on cuBLAS (addmm adds them in the m
 so moving one into the next norm saves no kernel (measured on an H100, docs/measurements.md).
 
 With compile=True the runner also compiles the pure pieces of the step around the forward: the
-sdpa attention metadata, the logits gather, verify (whose keyed sampler is ~150 integer ops a
-step, greedy rows included) and the n-gram proposer; `compiled` below serves them all. The
-combine and the commit, which write the runner's state, stay eager. The rotary angles are
+combine (engine/combine.py), the sdpa attention metadata, the logits gather, verify (whose keyed
+sampler is ~150 integer ops a step, greedy rows included) and the n-gram proposer; `compiled`
+below serves them all. The commit, which writes the runner's state, stays eager. The rotary angles are
 computed once per step, not once per layer. Packing q/k/v and gate/up into one weight each keeps
 the Hugging Face parameters as views of it, so a checkpoint still loads and the memory is not
 doubled.

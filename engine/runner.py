@@ -18,6 +18,7 @@ import torch
 
 from engine.attention import build_attention_metadata, flex_kernels
 from engine.clock import NullClock
+from engine.combine import combine_inputs
 from engine.config import EngineConfig
 from engine.device_state import DeviceState
 from engine.errors import SpecgateError
@@ -57,6 +58,7 @@ class ModelRunner:
         # with it, the step's other pure pieces compiled too (the sampler's hashing alone is ~150 ops).
         self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
         self.verify = compiled(verify) if cfg.compile else verify
+        self.combine = compiled(combine_inputs) if cfg.compile else combine_inputs
         self.gather_logits = compiled(gather_logits) if cfg.compile else gather_logits
         self.propose = (compiled(proposer.propose) if cfg.compile and proposer.pure_propose
                         else proposer.propose)
@@ -161,29 +163,12 @@ class ModelRunner:
         state, k, dev = self.state, self.k, self.device
         slots, spec_width = inp.slots, inp.spec_width
         num_reqs = slots.numel()
-        query_start_loc = torch.nn.functional.pad(inp.query_lens.cumsum(0), (1, 0))
-        device_fed = inp.device_fed != 0  # flags are staged as int64 (engine/staging.py)
-
-        # Combine: device-fed rows take ids and positions from the state the last step wrote;
-        # a row's last draft_slots tokens take its drafts from the buffer the last propose wrote
-        # (a verify row's after its first token, a resumed prefill's after its history).
-        query_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), inp.query_lens,
-                                            output_size=num_tokens)
-        offset = torch.arange(num_tokens, device=dev) - query_start_loc[query_req]
-        draft_index = offset - (inp.query_lens - inp.draft_slots)[query_req]
-        token_slot = slots[query_req]
-        committed = state.num_committed[token_slot]
-        last_token = state.token_ids[token_slot, (committed - 1).clamp_min(0)]
-        if k:
-            draft = state.draft_token_ids[token_slot, draft_index.clamp(0, k - 1)]
-            device_ids = torch.where(offset == 0, last_token, draft)
-        else:
-            device_ids = last_token
-        fed_token = device_fed[query_req]
-        takes_draft = draft_index >= 0
-        input_ids = torch.where(fed_token | takes_draft, device_ids, inp.host_token_ids)
-        positions = torch.where(fed_token, committed - 1 + offset, inp.host_positions)
-        seq_lens = torch.where(device_fed, state.num_committed[slots] + spec_width, inp.host_seq_lens)
+        # Combine: device-fed rows take ids and positions from the state the last step wrote, and
+        # draft slots take the drafts the last propose wrote (engine/combine.py).
+        query_start_loc, token_slot, input_ids, positions, seq_lens = self.combine(
+            slots, inp.query_lens, spec_width, inp.device_fed, inp.draft_slots, inp.host_token_ids,
+            inp.host_positions, inp.host_seq_lens, state.num_committed, state.token_ids, state.draft_token_ids, k,
+            num_tokens)
 
         flex = None if self.flex is None else self.flex.fixed_shapes if graph else self.flex.any_shapes
         paged = self._paged_sizes(num_reqs, max_query_len, max_context_len)

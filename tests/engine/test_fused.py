@@ -75,9 +75,10 @@ def test_fused_layers_over_flex_read_the_cache_through_its_block_mask(make_llm):
 @pytest.mark.parametrize("drafter, backend", [("ngram", "sdpa"), ("block", "sdpa"), ("ngram", "flex")])
 def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make_llm, drafter, backend):
     """Which pieces compile=True hands to inductor (built, not run: compiling happens on first call):
-    the layers, verify, the logits gather, the sdpa metadata, and a proposer that is a function
-    of its input; the block drafter (a model with state) and flex's own metadata stay eager."""
+    the layers, the combine, verify, the logits gather, the sdpa metadata, and a proposer that is a
+    function of its input; the block drafter (a model with state) and flex's own metadata stay eager."""
     from engine.attention import build_attention_metadata
+    from engine.combine import combine_inputs
     from engine.logits import gather_logits
 
     def compiled_from(fn, original):
@@ -89,7 +90,7 @@ def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make
     eager = eager_kernels()
     for field in dataclasses.fields(eager):  # every layer function inductor's, built from the eager one
         assert compiled_from(getattr(fused.forward.kernels, field.name), getattr(eager, field.name)), field.name
-    for name, original in (("verify", verify), ("gather_logits", gather_logits),
+    for name, original in (("verify", verify), ("gather_logits", gather_logits), ("combine", combine_inputs),
                            ("build_metadata", build_attention_metadata)):
         assert getattr(plain, name) is original, name
         assert compiled_from(getattr(fused, name), original) == (name != "build_metadata" or backend == "sdpa"), name
@@ -120,9 +121,10 @@ def test_packing_keeps_the_checkpoint(target_dir):
                          ids=["block-greedy", "block-seeded-sampling", "ngram-greedy"])
 def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, temperature):
     """compile=True as a user sets it: inductor's CPU kernels for the layers, the attention
-    metadata, the logits gather, verify (the sampler) and the n-gram proposer; the block drafter
+    metadata, the combine, the logits gather, verify (the sampler) and the n-gram proposer; the block drafter
     (aux hidden states) or ngram, async runner, graph arm, a mixed batch with late arrivals;
     greedy, and seeded sampling with top-k and top-p."""
+    from engine.combine import combine_inputs
     from engine.logits import gather_logits
     from gates.workloads import MIXED_REFUSALS
     batch = MIXED_REFUSALS
@@ -130,6 +132,7 @@ def test_inductor_compiled_step_gives_the_reference_run(make_llm, drafter, tempe
     compiled = make_llm(compile=True, **kwargs)
     runner = compiled.runner
     assert isinstance(runner.forward, FusedForward) and runner.verify is not verify
+    assert runner.combine is not combine_inputs
     assert runner.gather_logits is not gather_logits
     # Only a proposer that is a function of its input is compiled; the block drafter runs a model.
     assert (runner.propose != runner.proposer.propose) == (drafter == "ngram")

@@ -39,7 +39,6 @@ HAS_CUDA = torch.cuda.is_available()
 CLAIMS = ("ngram", "block", "eager arm", "graph arm", "steps checked", "num_reqs>1", "prefill steps checked",
           "declared reads counted") + (("sync debug mode 'error'", "graph replayed") if HAS_CUDA else ())
 WORKLOAD = tuple(zip(PROMPTS[:6], (0, 0, 0, 2, 4, 6)))  # (prompt, arrival step): arrivals while others decode
-RUNNER_PIECES = ("verify", "gather_logits", "propose", "build_metadata")  # what compile=True may compile
 # Tensor methods that read a value onto the host (on CUDA each one waits for the device).
 READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"}
 
@@ -108,13 +107,15 @@ def unhooked(fn):
 
 
 def run_compiled_unhooked(llm) -> int:
-    """Wrap each compiled piece of the engine's step (the fused forward's kernels, and the runner's
-    compiled pieces) so it runs with the host-read hook popped off torch's function-mode stack;
+    """Wrap each compiled piece of the engine's step (the fused forward's kernels, and every
+    compiled function the runner holds, found by looking, not by a list: a piece compiled later is
+    wrapped too) so it runs with the host-read hook popped off torch's function-mode stack;
     returns how many were wrapped."""
     runner, wrapped = llm.runner, 0
-    for name in (n for n in RUNNER_PIECES if is_compiled(getattr(runner, n))):
-        setattr(runner, name, unhooked(getattr(runner, name)))
-        wrapped += 1
+    for name, piece in list(vars(runner).items()):
+        if is_compiled(piece):
+            setattr(runner, name, unhooked(piece))
+            wrapped += 1
     kernels = getattr(runner.forward, "kernels", None)
     if kernels is not None:
         compiled = {f.name: unhooked(getattr(kernels, f.name)) for f in dataclasses.fields(kernels)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
 # gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
-# the veto verdict over those runs (TIMED_ARMS=graph: the timed gates, busy and speed-ab, time the
+# the veto verdict over those runs and gates1b's report where there is one (TIMED_ARMS=graph: the timed gates, busy and speed-ab, time the
 # graph arm alone, the one the verdict judges, in every round and in gates1b; REPEAT_TIMED_ARMS:
 # in the later rounds only), the proof
 # with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
@@ -115,7 +115,11 @@ PY
         done
         ;;
     verdict)
-        timed verdict "$PY" -m specgate_cli gates verdict -v "$OUT"/gates-cuda-*.json
+        # Every round's reports, and the 1B shape's where gates1b wrote one: a verdict without it
+        # would not judge the model-sized gates (busy, speed-ab, no-sync) on the 1B shape.
+        reports=("$OUT"/gates-cuda-*.json)
+        [ ! -f "$OUT/gates1b.json" ] || reports+=("$OUT/gates1b.json")
+        timed verdict "$PY" -m specgate_cli gates verdict -v "${reports[@]}"
         ;;
     prove)
         # The CPU gates run on the CPU (16 cores there), the CUDA-only defects and the CUDA gates on

@@ -47,6 +47,25 @@ def test_pack_leaves_one_archive_of_every_report(tmp_path):
     assert f"packed: {out}/gpu-check.tar.gz" in proc.stdout
 
 
+def test_the_verdict_stage_judges_the_1b_report_beside_the_rounds(tmp_path):
+    """One call can run `env gates gates1b verdict`: the verdict must read gates1b.json too, or a
+    red 1B gate would not keep the veto."""
+    from helpers.gate_reports import gate, model_report, report
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gates-cuda-1.json").write_text(json.dumps(report()))
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
+
+    def verdict_log() -> str:
+        subprocess.run(["bash", str(SCRIPT), "verdict"], cwd=REPO, env=env, capture_output=True, timeout=120)
+        return (out / "verdict.log").read_text()
+
+    assert "verdict: LIFT" in verdict_log()  # the negative control: the fixtures' round alone lifts
+    (out / "gates1b.json").write_text(json.dumps(model_report("/tmp/llama-1b", busy=gate("busy", "red"))))
+    log = verdict_log()
+    assert "verdict: KEEP" in log and "busy" in log.split("verdict: KEEP", 1)[1]
+
+
 def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"
     proc = run_stage(tmp_path, "matmul1b", MATMUL1B_ARGS="--rows 1,8 --variants eager")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
 # gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
-# the veto verdict over those runs and gates1b's report where there is one (TIMED_ARMS=graph: the timed gates, busy and speed-ab, time the
-# graph arm alone, the one the verdict judges, in every round and in gates1b; REPEAT_TIMED_ARMS:
-# in the later rounds only), the proof
-# with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
+# the veto verdict over those runs and gates1b's report where there is one (TIMED_ARMS=graph: the
+# timed gates, busy and speed-ab, time the graph arm alone, the one the verdict judges, in every
+# round and in gates1b; REPEAT_TIMED_ARMS: in the later rounds only), the proof with the
+# CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
 # $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
 # (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
 #

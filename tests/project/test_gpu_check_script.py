@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.gate_reports import gate, model_report, report
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
 
@@ -50,7 +52,6 @@ def test_pack_leaves_one_archive_of_every_report(tmp_path):
 def test_the_verdict_stage_judges_the_1b_report_beside_the_rounds(tmp_path):
     """One call can run `env gates gates1b verdict`: the verdict must read gates1b.json too, or a
     red 1B gate would not keep the veto."""
-    from helpers.gate_reports import gate, model_report, report
     out = tmp_path / "out"
     out.mkdir()
     (out / "gates-cuda-1.json").write_text(json.dumps(report()))

@@ -64,7 +64,7 @@ def test_the_verdict_stage_judges_the_1b_report_beside_the_rounds(tmp_path):
     assert "verdict: LIFT" in verdict_log()  # the negative control: the fixtures' round alone lifts
     (out / "gates1b.json").write_text(json.dumps(model_report("/tmp/llama-1b", busy=gate("busy", "red"))))
     log = verdict_log()
-    assert "verdict: KEEP" in log and "busy" in log.split("verdict: KEEP", 1)[1]
+    assert "verdict: KEEP" in log and "busy did not run green" in log.split("verdict: KEEP", 1)[1]
 
 
 def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_shape(tmp_path):

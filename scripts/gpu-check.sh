@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check on the lent H200 (a command may run 10 minutes there): the environment, every
 # gate on CUDA, then the GPU-deciding gates (REPEAT_GATES) again until ROUNDS clean runs in a row,
-# the veto verdict over those runs and gates1b's report where there is one (TIMED_ARMS=graph: the
-# timed gates, busy and speed-ab, time the graph arm alone, the one the verdict judges, in every
-# round and in gates1b; REPEAT_TIMED_ARMS: in the later rounds only), the proof with the
-# CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs) go under
-# $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict prove bench
-# (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
+# the veto verdict over those runs and gates1b's and depth1b's reports where there are some
+# (TIMED_ARMS=graph: the timed gates, busy and speed-ab, time the graph arm alone, the one the
+# verdict judges, in every round and in gates1b; REPEAT_TIMED_ARMS: in the later rounds only),
+# the proof with the CUDA-only defects, and a bench. Reports (JSON, JUnit, Markdown, PNG, logs)
+# go under $OUT (default reports/gpu); a short table is printed last. Stages: env gates verdict
+# prove bench (default: all of them), e.g. `scripts/gpu-check.sh env gates verdict`.
 #
 # Two more stages, on the seeded random-weight 1B benchmark model (`specgate bench-model`, written
 # to $BENCH1B_DIR, default /tmp, about 10 s): `bench1b` (load time and peak host memory, ms per
@@ -18,9 +18,10 @@
 # `matmul1b`: the 1B shape's weight matrices timed alone per variant (bench-model matmul;
 # MATMUL1B_ARGS adds options, e.g. --rows 1 --variants eager).
 # `paged1b`: the paged attention backend against sdpa on the 1B shape (tests, decode, kernels, 16k).
-# `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py) and ms
-# per plain decode step at 4k and 16k tokens of context, sdpa against flex. On CUDA
-# every gate stage judges both forwards (the reference and the compiled one, the CUDA default).
+# `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py; a later
+# verdict stage reads its report) and ms per plain decode step at 4k and 16k tokens of context,
+# sdpa against flex. On CUDA every gate stage judges both forwards (the reference and the
+# compiled one, the CUDA default).
 # BENCH_DEVICE and BENCH1B_SHAPE (default cuda and llama-1b) let a CPU run with the tiny shape
 # check the stages' plumbing.
 #
@@ -115,10 +116,13 @@ PY
         done
         ;;
     verdict)
-        # Every round's reports, and the 1B shape's where gates1b wrote one: a verdict without it
-        # would not judge the model-sized gates (busy, speed-ab, no-sync) on the 1B shape.
+        # Every round's reports, the 1B shape's where gates1b wrote one (a verdict without it would
+        # not judge the model-sized gates, busy, speed-ab and no-sync, on the 1B shape), and
+        # depth1b's where there is one (a red depth gate on CUDA keeps the veto in the same call).
         reports=("$OUT"/gates-cuda-*.json)
-        [ ! -f "$OUT/gates1b.json" ] || reports+=("$OUT/gates1b.json")
+        for extra in gates1b depth1b; do
+            [ ! -f "$OUT/$extra.json" ] || reports+=("$OUT/$extra.json")
+        done
         timed verdict "$PY" -m specgate_cli gates verdict -v "${reports[@]}"
         ;;
     prove)
@@ -177,7 +181,7 @@ PY
         # written once to the bench-model cache, requests past 32,768 + 1,024), then ms per plain
         # decode step at long contexts, sdpa's gather against flex's paged read, c=1 and c=8
         # (DEPTH1B_CONTEXTS, default 4096 16384) and the paged kernel (DEPTH1B_BACKENDS, default sdpa flex
-        # paged), each leg bounded so one call holds them all.
+        # paged), each leg bounded so one call holds them all. The verdict stage reads depth1b.json.
         timed depth1b "$PY" -m specgate_cli gates run depth --device "$BENCH_DEVICE" \
             --json "$OUT/depth1b.json" --junit "$OUT/depth1b.xml"
         for ctx in ${DEPTH1B_CONTEXTS:-4096 16384}; do

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import TARGET_DIR
 from helpers.gate_reports import gate, model_report, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,22 +50,46 @@ def test_pack_leaves_one_archive_of_every_report(tmp_path):
     assert f"packed: {out}/gpu-check.tar.gz" in proc.stdout
 
 
+def verdict_log(out: Path, **reports: dict) -> str:
+    """The script's verdict stage over out's reports, after writing each given one as out/NAME.json;
+    its log."""
+    out.mkdir(exist_ok=True)
+    for name, content in reports.items():
+        (out / f"{name}.json").write_text(json.dumps(content))
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
+    subprocess.run(["bash", str(SCRIPT), "verdict"], cwd=REPO, env=env, capture_output=True, timeout=120)
+    return (out / "verdict.log").read_text()
+
+
+def keep_reasons(log: str) -> str:
+    assert "verdict: KEEP" in log, log
+    return log.split("verdict: KEEP", 1)[1]
+
+
 def test_the_verdict_stage_judges_the_1b_report_beside_the_rounds(tmp_path):
     """One call can run `env gates gates1b verdict`: the verdict must read gates1b.json too, or a
     red 1B gate would not keep the veto."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "gates-cuda-1.json").write_text(json.dumps(report()))
-    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out))
+    # the negative control: the fixtures' round alone lifts
+    assert "verdict: LIFT" in verdict_log(out, **{"gates-cuda-1": report()})
+    log = verdict_log(out, gates1b=model_report("/tmp/llama-1b", busy=gate("busy", "red")))
+    assert "busy did not run green" in keep_reasons(log)
 
-    def verdict_log() -> str:
-        subprocess.run(["bash", str(SCRIPT), "verdict"], cwd=REPO, env=env, capture_output=True, timeout=120)
-        return (out / "verdict.log").read_text()
 
-    assert "verdict: LIFT" in verdict_log()  # the negative control: the fixtures' round alone lifts
-    (out / "gates1b.json").write_text(json.dumps(model_report("/tmp/llama-1b", busy=gate("busy", "red"))))
-    log = verdict_log()
-    assert "verdict: KEEP" in log and "busy did not run green" in log.split("verdict: KEEP", 1)[1]
+def test_the_verdict_stage_judges_the_depth1b_report_beside_the_rounds(tmp_path):
+    """One call can run `env gates gates1b depth1b verdict`: the verdict must read depth1b.json too,
+    or a red depth gate on CUDA would not keep the veto. depth1b runs `gates run depth` without
+    --model, so its report names the fixture target, as the rounds' do: the verdict counts it as the
+    rounds' model and asks no model-size gates (busy, speed-ab, no-sync) of it."""
+    out = tmp_path / "out"
+    fixtures = str(TARGET_DIR)
+    round_1 = report()
+    round_1["environment"]["model"] = fixtures
+    assert "verdict: LIFT" in verdict_log(out, **{"gates-cuda-1": round_1})
+    # the negative control: a green depth1b report beside the round still lifts
+    assert "verdict: LIFT" in verdict_log(out, depth1b=model_report(fixtures, names=("depth",)))
+    log = verdict_log(out, depth1b=model_report(fixtures, names=("depth",), depth=gate("depth", "red")))
+    assert "depth is red on cuda" in keep_reasons(log)
 
 
 def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_shape(tmp_path):

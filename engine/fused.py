@@ -33,9 +33,6 @@ from engine.activations import ACTIVATIONS
 from engine.attention import AttentionMetadata, compile_fullgraph, read_cache, sdpa_read, write_cache
 from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
 
-GEMV_MAX_ROWS = 64  # a step of at most this many tokens takes engine/gemv.py (c=8 verify with k=4: 40)
-GEMV_ACTIVATIONS = ("silu", "swish")  # the activations its act * up prologue computes
-
 
 @dataclass(frozen=True)
 class PackedLayer:
@@ -72,12 +69,7 @@ def _stack(*linears) -> torch.Tensor:
 def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int,
                      cache, slot_mapping):
     """The layer's rotated queries; its keys and values go straight into the cache."""
-    return rotate_and_write(F.linear(rms_norm(x, norm, eps), qkv), cos, sin, heads, kv_heads, head_dim, cache,
-                            slot_mapping)
-
-
-def rotate_and_write(h, cos, sin, heads: int, kv_heads: int, head_dim: int, cache, slot_mapping):
-    """attention_inputs after its QKV matmul: h [T, (heads + 2 kv_heads) * head_dim]."""
+    h = F.linear(rms_norm(x, norm, eps), qkv)
     qk, v = h.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     # q and k rotated together: one kernel over every head, not one per tensor
     q, k = rotate(qk.unflatten(-1, (-1, head_dim)), cos, sin).split([heads, kv_heads], dim=-2)
@@ -98,10 +90,6 @@ class Kernels:
     sdpa_read: Callable
     mlp_block: Callable
     final_norm: Callable
-    rotate_and_write: Callable
-    # engine/gemv.py's project, for steps of at most gemv.MAX_ROWS tokens (CUDA's compiled forward);
-    # None: every step takes attention_inputs and mlp_block, the matmuls on cuBLAS
-    project: Callable | None = None
 
 
 def compiled(fn: Callable) -> Callable:
@@ -109,24 +97,15 @@ def compiled(fn: Callable) -> Callable:
     return compile_fullgraph(fn, dynamic=True)
 
 
-def compiled_kernels(gemv: bool = False) -> Kernels:
-    """Inductor's versions of the functions above; with gemv (CUDA), decode and verify steps'
-    projections are engine/gemv.py's Triton kernels."""
+def compiled_kernels() -> Kernels:
+    """Inductor's versions of the functions above."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
-                   compiled(mlp_block), compiled(rms_norm), compiled(rotate_and_write),
-                   _gemv_project() if gemv else None)
+                   compiled(mlp_block), compiled(rms_norm))
 
 
-def eager_kernels(gemv: bool = False) -> Kernels:
-    """The same functions uncompiled: what the CPU tests compare with the reference model (with
-    gemv, the Triton projections, which on the CPU run under Triton's interpreter)."""
-    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm, rotate_and_write,
-                   _gemv_project() if gemv else None)
-
-
-def _gemv_project() -> Callable:
-    from engine.gemv import project  # imports Triton, which only this path needs
-    return project
+def eager_kernels() -> Kernels:
+    """The same functions uncompiled: what the CPU tests compare with the reference model."""
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm)
 
 
 class FusedForward:
@@ -149,20 +128,11 @@ class FusedForward:
         x = self.model.model.embed_tokens(input_ids)
         cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
         aux = []
-        gemv = kern.project is not None and self.act in GEMV_ACTIVATIONS and input_ids.shape[0] <= GEMV_MAX_ROWS
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            if gemv:  # four Triton kernels, the norms, act * up and the residual adds inside them
-                project = kern.project
-                q = kern.rotate_and_write(project(x, layer.qkv, norm=layer.input_norm, eps=eps), cos, sin,
-                                          *self.shape, cache, meta.slot_mapping)
-                x = project(self._read(q, cache, meta).flatten(-2), layer.o_proj, residual=x)
-                x = project(project(x, layer.gate_up, norm=layer.post_norm, eps=eps), layer.down, silu_mul=True,
-                            residual=x)
-            else:
-                q = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
-                                          meta.slot_mapping)
-                x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
-                                   layer.gate_up, layer.down, self.act)
+            q = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
+                                      meta.slot_mapping)
+            x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
+                               layer.gate_up, layer.down, self.act)
             if i in aux_layers:
                 aux.append(x)
         return kern.final_norm(x, self.model.model.norm.weight, eps), aux

@@ -60,26 +60,6 @@ def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafte
     assert graph == any(step.route.endswith("/graph") for step in fused.trace), "the arm asked for did not run"
 
 
-def test_gemv_projections_give_the_reference_tokens_and_emit_counts(make_llm):
-    """CUDA's decode and verify projections (engine/gemv.py's Triton kernels, under Triton's
-    interpreter here): the reference modules' tokens and per-step emit counts, on a batch whose
-    prefills take the cuBLAS path and whose verify steps take the GEMV one."""
-    from engine.bench.workload import Workload
-    batch = Workload([[5, 6, 7, 8, 9, 5, 6, 7], [10, 11], [12, 13, 14]], max_tokens=(12, 9, 10),
-                     arrival_steps=(0, 1, 1))
-    kwargs = dict(spec="ngram", num_spec_tokens=3, max_num_seqs=4, trace=True)
-    reference = run(make_llm(**kwargs), batch)
-    fused = make_llm(**kwargs)
-    fused.runner.forward = forward = FusedForward(fused.runner.model, eager_kernels(gemv=True))
-    calls = []
-    project = forward.kernels.project
-    forward.kernels = dataclasses.replace(forward.kernels, project=lambda x, *a, **kw: calls.append(x.shape[0])
-                                          or project(x, *a, **kw))
-    assert_same_run(reference, run(fused, batch))
-    assert max(step.num_reqs for step in fused.trace) > 1, "no step held several requests"
-    assert calls and max(calls) > 1, "no step of several rows took the GEMV path"
-
-
 def test_fused_layers_over_flex_read_the_cache_through_its_block_mask(make_llm):
     """The fused layers with the flex backend (uncompiled, on the CPU): each layer's read takes
     flex's block mask, and the run is the reference modules' token for token and step for step."""

@@ -24,6 +24,11 @@ Three plans (`plan_for`):
   decode step of the graph arm at each depth may grow over the shallowest by at most STEP_GROWTH_FACTOR times the
   time to read the keys and values it adds at the measured copy bandwidth (a per-position host
   loop or a quadratic gather is far above it).
+
+The gate runs on its plan's folder, never on the session's target (the report environment's
+`model` and `model_shape`: the fixture target unless --model names one): its result's `models`
+names the folder, its shape and its keys (gates/plugin.py's Recorder.model). The verdict asks no
+model-size gates of that folder (gates/verdict.py).
 """
 import math
 import os
@@ -156,6 +161,7 @@ def _params(plan: DepthPlan, extra: int = 0) -> list[SamplingParams]:
 
 def test_spec_tokens_and_acceptance_hold_at_every_depth(gate_record, plan, deep_dir, gate_device):
     prompts, engine = _prompts(plan), _engine(plan, gate_device)
+    gate_record.model(deep_dir, plan.shape)
     gate_record.case(plan=plan.name, folder=plan.shape, prompt_lens=list(plan.prompt_lens),
                      max_tokens=list(plan.max_tokens), bucket=plan.bucket, k=K, tau=TAU, runner="async")
     # The plain run gives the tokens to match and the oracle's script (k more: the last step's drafts).
@@ -199,6 +205,7 @@ def test_plain_step_time_grows_no_faster_than_its_kv_read(gate_record, plan, dee
     if not gate_device.startswith("cuda"):
         pytest.skip("step time by depth is judged on CUDA only (absolute times come from the GPU)")
     cfg = ModelConfig.from_dir(deep_dir)
+    gate_record.model(deep_dir, plan.shape)
     gate_record.case(plan=plan.name, depths=list(plan.prompt_lens), decode_tokens=STEP_DECODE_TOKENS)
     llm = LLM(deep_dir, **(_engine(plan, gate_device) | {"graph": True}))  # the graph arm: a GPU user's decode step
     bandwidth = copy_bandwidth(gate_device, mib=1024)

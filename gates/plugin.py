@@ -21,7 +21,7 @@ import pytest
 from engine.config import ARMS, FORWARDS
 from gates import report as verdicts
 from gates.argtypes import choice_list
-from gates.provenance import judged
+from gates.provenance import judged, model_shape
 from gates.registry import GATES, Gate, gate_of_file, has_cuda
 from gates.workloads import drafter_skips
 
@@ -148,6 +148,14 @@ class Recorder:
         claims by assumption: call it only where the proof is computed."""
         self._session.unexercisable[self._session.gate_of(self._session.current_item.path).name][claim] = proof
 
+    def model(self, folder, name: str | None = None) -> None:
+        """The running gate's engines run on `folder`, a model of its own (as depth's deep folder),
+        not the session's target: the report names it in the gate's `models` (its name, folder and
+        shape keys), since the environment's `model` and `model_shape` describe the target."""
+        gate = self._session.gate_of(self._session.current_item.path).name
+        self._session.models_run[gate][str(folder)] = {"name": name or Path(folder).name, "folder": str(folder),
+                                                       "model_shape": model_shape(folder)}
+
     def evidence(self, **data) -> None:
         """Attach evidence to the current case; the report shows it when the test fails."""
         self._session.current_test()["evidence"].append(_jsonable(data))
@@ -176,6 +184,7 @@ class GateSession:
         self.forwards_asked: dict[str, set[str]] = {g.name: set() for g in gates}
         self.forwards_run: dict[str, set[str]] = {g.name: set() for g in gates}
         self.backends_run: dict[str, set[str]] = {g.name: set() for g in gates}  # attention backends, likewise
+        self.models_run: dict[str, dict[str, dict]] = {g.name: {} for g in gates}  # folder -> Recorder.model's record
         # A timed gate's arms left out by --timed-arms: their claims are waived, saying why.
         self.arms_left_out: dict[str, dict[str, str]] = {g.name: {} for g in gates}  # claim -> why
         self.declared_claims: dict[str, tuple[str, ...]] = {}
@@ -356,6 +365,7 @@ class GateSession:
             claims={c: c in seen for c in claims}, waived_claims=waived,
             forwards=[f for f in FORWARDS if f in self.forwards_run[gate.name]],
             attention_backends=sorted(self.backends_run[gate.name]),
+            models=list(self.models_run[gate.name].values()),
             tests=[verdicts.TestRecord(t["nodeid"], t["outcome"], t["message"], round(t["seconds"], 3), len(t["cases"]))
                    for t in tests],
             seconds=round(sum(t["seconds"] for t in tests), 3))

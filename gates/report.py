@@ -47,6 +47,10 @@ class GateResult:
     waived_claims: dict[str, str] = field(default_factory=dict)  # claim -> why it is not demanded here
     forwards: list[str] = field(default_factory=list)         # forwards its engines ran: reference, compiled
     attention_backends: list[str] = field(default_factory=list)  # EngineConfig.attention_backend its engines ran
+    # Model folders of its own its engines ran on, not the session's target (the environment's
+    # `model`): each one's name, folder and shape keys (gates/provenance.py's model_shape), as the
+    # depth gate records its deep folder. Empty: it ran the session's target.
+    models: list[dict] = field(default_factory=list)
     tests: list[TestRecord] = field(default_factory=list)
     seconds: float = 0.0
     coverage: dict | None = None  # `gates run --coverage`: this gate's reach (gates/reach.py)
@@ -82,6 +86,18 @@ class GateReport:
     @property
     def summary(self) -> dict[str, int]:
         return summary(self.gates)
+
+    @property
+    def judged_target(self) -> bool:
+        """Whether one of its gates ran on the session's target (the environment's `model`): a gate
+        whose result names model folders of its own (`models`: depth's deep folder) judged those
+        instead, no model the verdict's per-model rule speaks for (gates/verdict.py)."""
+        return any(not g.models for g in self.gates)
+
+    @property
+    def gate_models(self) -> dict[str, list[dict]]:
+        """Gate -> the model folders of its own it ran on, for each gate that names some."""
+        return {g.name: g.models for g in self.gates if g.models}
 
     @property
     def exit_status(self) -> int:

@@ -15,7 +15,8 @@ and says LIFT only when:
   and the evidence lifts the veto for the forwards it names only; likewise for the attention
   backends (its result's `attention_backends`, EngineConfig.attention_backend): the evidence names
   those every such gate judged green on CUDA, and lifts the veto for them only;
-- every model a CUDA report judged (the fixtures, the 1B shape) has the gates whose verdict
+- every model a CUDA report judged (its target, the environment's `model`: the fixtures, the 1B
+  shape; not a gate's own folder as depth's, GateReport.judged_target) has the gates whose verdict
   depends on the model's size (MODEL_GATES: busy, speed-ab, no-sync, what gpu-check's gates1b
   runs) green on CUDA, with both forwards where the gate has a forward axis: the fixtures' green
   speed-ab does not speak for the 1B shape, where the host's share of a step is another;
@@ -116,7 +117,7 @@ def model_reasons(reports: list[GateReport], model_gates: list[str], forward_gat
     CUDA, or one of its forwards (skipped tests allowed here: the fixture block drafter does not fit
     the 1B target)."""
     forwards: dict[str, dict[str, set[str]]] = {}  # model -> gate -> forwards judged green on CUDA
-    for report in (r for r in reports if ran_on_cuda(r)):
+    for report in (r for r in reports if ran_on_cuda(r) and r.judged_target):  # a gate ran on its target
         model = report.environment.get("model") or "(not recorded)"
         judged = forwards.setdefault(model, {})
         for g in report.gates:
@@ -287,7 +288,7 @@ def evidence(v: Verdict, reports: list[GateReport], names: list[str]) -> dict:
             "commit": env.get("commit"), "device_name": env.get("device_name"), "torch": env.get("torch"),
             "sources": env.get("sources"),
             "reports": [{"report": name, "device": r.environment.get("device"), "model": r.environment.get("model"),
-                         "model_shape": r.environment.get("model_shape"),
+                         "model_shape": r.environment.get("model_shape"), "gate_models": r.gate_models,
                          "gates": {g.name: g.status for g in r.gates}} for r, name in zip(reports, names)],
             "reasons": v.reasons, "figures": v.figures,
             "how_to_refresh": "scripts/gpu-check.sh env gates verdict on a GPU; `specgate gates verdict --record` "

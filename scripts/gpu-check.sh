@@ -181,7 +181,9 @@ PY
         # written once to the bench-model cache, requests past 32,768 + 1,024), then ms per plain
         # decode step at long contexts, sdpa's gather against flex's paged read, c=1 and c=8
         # (DEPTH1B_CONTEXTS, default 4096 16384) and the paged kernel (DEPTH1B_BACKENDS, default sdpa flex
-        # paged), each leg bounded so one call holds them all. The verdict stage reads depth1b.json.
+        # paged), each leg bounded so one call holds them all. The verdict stage reads depth1b.json
+        # (its environment names the fixture target, which the gate does not run on: the depth
+        # gate's `models` names the folder it ran on, and the verdict asks no model-size gates of it).
         timed depth1b "$PY" -m specgate_cli gates run depth --device "$BENCH_DEVICE" \
             --json "$OUT/depth1b.json" --junit "$OUT/depth1b.xml"
         for ctx in ${DEPTH1B_CONTEXTS:-4096 16384}; do

@@ -7,7 +7,7 @@ import pytest
 
 from gates import verdict
 from gates.cli import main
-from helpers.gate_reports import TREE, ab, cpu_report, decide, gate, model_report, report, speed_figures
+from helpers.gate_reports import TREE, ab, cpu_report, decide, gate, model_report, on_own_folder, report, speed_figures
 
 
 def test_every_gate_green_on_cuda_with_the_graph_arm_ahead_is_lift():
@@ -250,6 +250,25 @@ def test_every_model_judged_needs_busy_speed_ab_and_no_sync_with_both_forwards()
            "no-sync there" in red.reasons
     skips = model_report(b1, speed_ab=gate("speed-ab", skipped_tests=4))
     assert decide([report(), skips]).decision == verdict.LIFT
+
+
+def test_a_report_whose_gates_ran_on_folders_of_their_own_adds_no_model():
+    """gpu-check's depth1b: the depth gate runs on its deep folder, not the session's target, and
+    names it in its result's `models`; that folder is no model the veto speaks for, whatever target
+    the report's environment names. The same report with a gate that ran on the target counts its
+    model, and a red depth gate keeps the veto either way."""
+    fixtures, elsewhere = "/repo/fixtures/target", "/tmp/another-target"
+    round_1 = report()
+    round_1["environment"]["model"] = fixtures
+    depth = on_own_folder(gate("depth"))
+    assert decide([round_1, model_report(elsewhere, names=("depth",), depth=depth)]).decision == verdict.LIFT
+    assert decide([round_1, model_report(fixtures, names=("depth",), depth=depth)]).decision == verdict.LIFT
+    on_target = decide([round_1, model_report(elsewhere, names=("depth",))])  # depth of old: no `models`
+    assert on_target.decision == verdict.KEEP and on_target.reasons[0] == (
+        f"busy did not run green on CUDA on the model {elsewhere}: each model judged needs busy, speed-ab, "
+        "no-sync there")
+    red = decide([round_1, model_report(elsewhere, names=("depth",), depth=on_own_folder(gate("depth", "red")))])
+    assert red.decision == verdict.KEEP and red.reasons == ["depth is red on cuda: 8 cases"]
 
 
 def test_a_round_that_timed_the_graph_arm_alone_still_decides():

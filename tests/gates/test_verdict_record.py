@@ -3,7 +3,7 @@ for this tree's engine only, and never over a report it reads."""
 import json
 
 from gates.cli import main
-from helpers.gate_reports import TREE, report
+from helpers.gate_reports import TREE, gate, model_report, on_own_folder, report
 
 
 def test_record_writes_evidence_the_engine_reads_for_this_engine_only(tmp_path, capsys, monkeypatch):
@@ -45,3 +45,24 @@ def test_record_never_writes_over_a_report(tmp_path, capsys, monkeypatch):
     assert written == [verdict_module.EVIDENCE_FILE] and json.loads(a.read_text()) == report()
     assert main(["gates", "verdict", str(a), "--record", "--evidence", str(a)]) == 2
     assert "is one of the reports read" in capsys.readouterr().err and json.loads(a.read_text()) == report()
+
+
+def test_the_evidence_names_the_folder_a_gate_ran_on_beside_its_reports_target(tmp_path, monkeypatch):
+    """A depth1b report's environment names the session's target, which the depth gate does not
+    run on: each report's entry names the folders its gates ran on instead (`gate_models`)."""
+    from engine import veto
+    monkeypatch.delenv(veto.ENV_VAR, raising=False)
+    this = {**TREE, "engine": veto.engine_source_hash()}
+    depth1b = model_report("/repo/fixtures/target", names=("depth",), depth=on_own_folder(gate("depth")))
+    paths = []
+    for name, content in (("round", report(sources=this)), ("depth1b", depth1b | {
+            "environment": depth1b["environment"] | {"sources": this}})):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(content))
+    evidence = tmp_path / "veto-evidence.json"
+    assert main(["gates", "verdict", *map(str, paths), "--record", "--evidence", str(evidence)]) == 0
+    round_entry, depth_entry = json.loads(evidence.read_text())["reports"]
+    assert round_entry["gate_models"] == {}
+    assert depth_entry["model"] == "/repo/fixtures/target"
+    assert depth_entry["gate_models"] == {"depth": on_own_folder(gate("depth"))["models"]}
+    assert depth_entry["gate_models"]["depth"][0]["model_shape"]["hidden_size"] == 2048

@@ -40,6 +40,13 @@ def gate(name: str, status: str = "green", skipped_tests: int = 0, measurements=
             else (speed_figures() if name == "speed-ab" else [])}
 
 
+def on_own_folder(g: dict, name: str = "llama-1b-deep") -> dict:
+    """The gate result `g` of a gate that ran on a folder of its own, not the session's target (its
+    `models`), as the depth gate records its deep folder."""
+    return g | {"models": [{"name": name, "folder": f"/cache/bench-models/{name}",
+                            "model_shape": {"hidden_size": 2048, "max_position_embeddings": 40960}}]}
+
+
 TREE = {"engine": "e" * 64, "gates": "g" * 64, "fixtures": "f" * 64}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import TARGET_DIR
-from helpers.gate_reports import gate, model_report, report
+from helpers.gate_reports import gate, model_report, on_own_folder, report
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
@@ -79,16 +79,19 @@ def test_the_verdict_stage_judges_the_1b_report_beside_the_rounds(tmp_path):
 def test_the_verdict_stage_judges_the_depth1b_report_beside_the_rounds(tmp_path):
     """One call can run `env gates gates1b depth1b verdict`: the verdict must read depth1b.json too,
     or a red depth gate on CUDA would not keep the veto. depth1b runs `gates run depth` without
-    --model, so its report names the fixture target, as the rounds' do: the verdict counts it as the
-    rounds' model and asks no model-size gates (busy, speed-ab, no-sync) of it."""
+    --model: its environment names the fixture target, which the depth gate does not run on; its
+    result names the folder it ran on (`models`, the 1B deep shape), and the verdict asks no
+    model-size gates (busy, speed-ab, no-sync) of that folder."""
     out = tmp_path / "out"
     fixtures = str(TARGET_DIR)
     round_1 = report()
     round_1["environment"]["model"] = fixtures
     assert "verdict: LIFT" in verdict_log(out, **{"gates-cuda-1": round_1})
     # the negative control: a green depth1b report beside the round still lifts
-    assert "verdict: LIFT" in verdict_log(out, depth1b=model_report(fixtures, names=("depth",)))
-    log = verdict_log(out, depth1b=model_report(fixtures, names=("depth",), depth=gate("depth", "red")))
+    depth = on_own_folder(gate("depth"))
+    assert "verdict: LIFT" in verdict_log(out, depth1b=model_report(fixtures, names=("depth",), depth=depth))
+    red = on_own_folder(gate("depth", "red"))
+    log = verdict_log(out, depth1b=model_report(fixtures, names=("depth",), depth=red))
     assert "depth is red on cuda" in keep_reasons(log)
 
 

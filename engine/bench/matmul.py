@@ -10,6 +10,10 @@ cuBLAS, or a Triton kernel), `autotune` torch.compile with mode="max-autotune-no
 `coordinate-descent` inductor with coordinate_descent_tuning on. On CUDA, `reps` calls are
 captured in one CUDA graph and the replay is timed with CUDA events, so launch gaps do not count
 (a plain decode step replays a graph too); bandwidth = (weight + input + output bytes) / time.
+The calls cycle through copies of the weight that together hold twice the GPU's L2 cache, so each
+call reads its weight from memory, as a step reads each layer's once: one weight called 100 times
+in a row stayed partly in the H100's 50 MB L2, and o_proj (8 MB) read 2,143 GB/s "alone" against
+1,301 GB/s over 16 distinct copies (2026-12-07, docs/measurements.md).
 On the CPU the same code runs with a wall clock and without a graph (tests check the plumbing;
 the figures are not the point there).
 """
@@ -60,12 +64,21 @@ class MatmulTiming:
     gb_per_s: float
 
 
+def copies_past_l2(weight_bytes: int, l2_bytes: int) -> int:
+    """How many copies of a weight hold at least twice the L2 cache: cycled through, no call finds
+    its weight still cached by the calls before it."""
+    return max(1, -(-2 * l2_bytes // weight_bytes))
+
+
 def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> float:
-    """Median seconds of one fn(x, w) over `repeats` timings of `reps` calls (a CUDA graph on CUDA)."""
+    """Median seconds of one fn(x, w) over `repeats` timings of `reps` calls (on CUDA: a CUDA graph
+    whose calls cycle through copies of w that outrun the L2 cache)."""
     cuda = x.device.type == "cuda"
     for _ in range(3):  # compile, autotune, warm the caches
         fn(x, w)
     if cuda:
+        l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
+        weights = [w] + [w.clone() for _ in range(copies_past_l2(w.numel() * w.element_size(), l2) - 1)]
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -74,8 +87,8 @@ def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> 
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(reps):
-                fn(x, w)
+            for i in range(reps):
+                fn(x, weights[i % len(weights)])
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(repeats):

@@ -240,3 +240,14 @@ def test_every_compiled_timing_of_a_whole_report_times_a_compiled_graph(tmp_path
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default, whatever ran before
         matmul.matmul_report(small, "cpu", dtype=torch.float32, rows=rows, variants=compiled, reps=1, repeats=1)
     assert dynamo_counters["stats"]["unique_graphs"] == len(matmul.weight_matrices(small)) * len(rows) * len(compiled)
+
+
+def test_the_weight_copies_a_cuda_timing_cycles_through_hold_twice_the_l2_cache():
+    """On the H100 (50 MB of L2) o_proj's 8 MB needs 13 copies, gate/up's 64 MB two: a call never
+    finds its weight left in L2 by the calls before it, as a step reads each layer's weight once."""
+    mb = 2 ** 20
+    assert matmul.copies_past_l2(8 * mb, 50 * mb) == 13
+    assert matmul.copies_past_l2(12 * mb, 50 * mb) == 9  # QKV: 108 MB, past 100 MB
+    assert matmul.copies_past_l2(64 * mb, 50 * mb) == 2
+    assert matmul.copies_past_l2(100 * mb, 50 * mb) == 1
+    assert matmul.copies_past_l2(4, 0) == 1

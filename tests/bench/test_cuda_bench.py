@@ -181,3 +181,28 @@ def test_the_start_up_on_cuda_compiles_by_default_and_finds_its_kernels_warm(tar
     assert cold["graphs"] == warm["graphs"] > 0 and cold["cache_dir"] == warm["cache_dir"]
     assert cold["cache_misses"] > 0 and warm["cache_misses"] == 0 and warm["cache_hits"] > 0
     assert 0 < warm["compile_s"] < cold["compile_s"]
+
+
+def test_a_matmul_timing_reads_its_weight_from_memory_not_from_l2():
+    """A weight read from memory cannot beat the memory's bandwidth: the 1B shape's down matrix
+    (32 MB, under the H100's 50 MB L2) times at most 1.05x the copy bandwidth measured here. One
+    weight called 100 times in a row read 3,368 GB/s against a copy bandwidth of about 2,970 on an
+    H100 (2026-12-05): the L2 served it. The timing cycles through copies of the weight instead."""
+    import torch.nn.functional as F
+
+    from engine.bench.matmul import time_call
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(2048, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    matmul_gbps = w.numel() * 2 / time_call(F.linear, x, w, reps=100, repeats=5) / 1e9
+    src = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")  # 1 GiB, far past any L2
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dst.copy_(src)
+    start.record()
+    for _ in range(5):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    copy_gbps = 2 * src.numel() * 5 / (start.elapsed_time(end) / 1e3) / 1e9  # read and write
+    assert matmul_gbps <= 1.05 * copy_gbps, (matmul_gbps, copy_gbps)

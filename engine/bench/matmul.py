@@ -17,6 +17,7 @@ in a row stayed partly in the H100's 50 MB L2, and o_proj (8 MB) read 2,143 GB/s
 On the CPU the same code runs with a wall clock and without a graph (tests check the plumbing;
 the figures are not the point there).
 """
+import itertools
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -70,15 +71,26 @@ def copies_past_l2(weight_bytes: int, l2_bytes: int) -> int:
     return max(1, -(-2 * l2_bytes // weight_bytes))
 
 
+def weight_copies(w: torch.Tensor, l2_bytes: int) -> list[torch.Tensor]:
+    """w and as many clones as copies_past_l2 asks for."""
+    return [w] + [w.clone() for _ in range(copies_past_l2(w.numel() * w.element_size(), l2_bytes) - 1)]
+
+
+def cycling(fn, weights: list[torch.Tensor]):
+    """fn, each call given the next of `weights` (copies of one weight) in place of the weight it
+    is passed; fn itself where there is one copy."""
+    if len(weights) == 1:
+        return fn
+    turn = itertools.count()
+    return lambda x, _w: fn(x, weights[next(turn) % len(weights)])
+
+
 def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> float:
-    """Median seconds of one fn(x, w) over `repeats` timings of `reps` calls (on CUDA: a CUDA graph
-    whose calls cycle through copies of w that outrun the L2 cache)."""
+    """Median seconds of one fn(x, w) over `repeats` timings of `reps` calls (a CUDA graph on CUDA)."""
     cuda = x.device.type == "cuda"
     for _ in range(3):  # compile, autotune, warm the caches
         fn(x, w)
     if cuda:
-        l2 = torch.cuda.get_device_properties(x.device).L2_cache_size
-        weights = [w] + [w.clone() for _ in range(copies_past_l2(w.numel() * w.element_size(), l2) - 1)]
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -87,8 +99,8 @@ def time_call(fn, x: torch.Tensor, w: torch.Tensor, reps: int, repeats: int) -> 
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for i in range(reps):
-                fn(x, weights[i % len(weights)])
+            for _ in range(reps):
+                fn(x, w)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(repeats):
@@ -111,13 +123,15 @@ def matmul_report(cfg: ModelConfig, device: str, dtype: torch.dtype = torch.bflo
     """Every matrix x row count x variant, on seeded random weights of the shape."""
     g = torch.Generator().manual_seed(0)
     timings = []
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.startswith("cuda") else 0
     for name, (out_f, in_f) in weight_matrices(cfg).items():
         w = torch.randn(out_f, in_f, generator=g).to(device=device, dtype=dtype)
+        weights = weight_copies(w, l2)
         for m in rows:
             x = torch.randn(m, in_f, generator=g).to(device=device, dtype=dtype)
             moved = (w.numel() + x.numel() + m * out_f) * w.element_size()
             for variant in variants:
-                seconds = time_call(matmul_fn(variant), x, w, reps, repeats)
+                seconds = time_call(cycling(matmul_fn(variant), weights), x, w, reps, repeats)
                 t = MatmulTiming(name, m, variant, round(seconds * 1e6, 3), moved, round(moved / seconds / 1e9, 1))
                 timings.append(t)
                 if progress is not None:

@@ -251,3 +251,19 @@ def test_the_weight_copies_a_cuda_timing_cycles_through_hold_twice_the_l2_cache(
     assert matmul.copies_past_l2(64 * mb, 50 * mb) == 2
     assert matmul.copies_past_l2(100 * mb, 50 * mb) == 1
     assert matmul.copies_past_l2(4, 0) == 1
+
+
+def test_a_timed_call_cycles_through_the_weight_s_copies():
+    """Call after call, the next copy in turn, whatever weight the timer passes; each copy holds the
+    weight's values in storage of its own. One copy (a CPU, or a weight past twice the L2): the
+    function itself, unwrapped."""
+    w = torch.arange(6.0).reshape(2, 3)
+    weights = matmul.weight_copies(w, l2_bytes=2 * w.numel() * 4)  # 4 copies
+    assert len(weights) == 4 and weights[0] is w
+    assert all(torch.equal(c, w) for c in weights) and len({c.data_ptr() for c in weights}) == 4
+    seen = []
+    timed = matmul.cycling(lambda x, weight: seen.append(weight), weights)
+    for _ in range(6):
+        timed(torch.zeros(1, 3), w)
+    assert [next(i for i, c in enumerate(weights) if c is s) for s in seen] == [0, 1, 2, 3, 0, 1]
+    assert matmul.cycling(F.linear, [w]) is F.linear and matmul.weight_copies(w, 0) == [w]

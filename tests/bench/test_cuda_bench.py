@@ -183,18 +183,16 @@ def test_the_start_up_on_cuda_compiles_by_default_and_finds_its_kernels_warm(tar
     assert 0 < warm["compile_s"] < cold["compile_s"]
 
 
-def test_a_matmul_timing_reads_its_weight_from_memory_not_from_l2():
-    """A weight read from memory cannot beat the memory's bandwidth: the 1B shape's down matrix
-    (32 MB, under the H100's 50 MB L2) times at most 1.05x the copy bandwidth measured here. One
-    weight called 100 times in a row read 3,368 GB/s against a copy bandwidth of about 2,970 on an
-    H100 (2026-12-05): the L2 served it. The timing cycles through copies of the weight instead."""
-    import torch.nn.functional as F
-
-    from engine.bench.matmul import time_call
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn(2048, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
-    x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
-    matmul_gbps = w.numel() * 2 / time_call(F.linear, x, w, reps=100, repeats=5) / 1e9
+def test_a_matmul_timing_reads_its_weight_from_memory_not_from_l2(tmp_path):
+    """A weight read from memory cannot beat the memory's bandwidth: every matrix of the 1B shape
+    (o_proj's 8 MB and down's 32 MB both under the H100's 50 MB L2) times at most 1.05x the copy
+    bandwidth measured here. One weight called 100 times in a row read down at 3,368 GB/s against a
+    copy bandwidth of about 2,970 on an H100 (2026-12-05): the L2 served it."""
+    from engine.bench.matmul import matmul_report
+    from engine.bench.models import SHAPES, config_dict
+    from engine.config import ModelConfig
+    (tmp_path / "config.json").write_text(json.dumps(config_dict(SHAPES["llama-1b"])))
+    got = matmul_report(ModelConfig.from_dir(tmp_path), "cuda", rows=(1,), variants=("eager",))
     src = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")  # 1 GiB, far past any L2
     dst = torch.empty_like(src)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -205,4 +203,5 @@ def test_a_matmul_timing_reads_its_weight_from_memory_not_from_l2():
     end.record()
     end.synchronize()
     copy_gbps = 2 * src.numel() * 5 / (start.elapsed_time(end) / 1e3) / 1e9  # read and write
-    assert matmul_gbps <= 1.05 * copy_gbps, (matmul_gbps, copy_gbps)
+    fastest = max(t["gb_per_s"] for t in got["timings"])
+    assert fastest <= 1.05 * copy_gbps, (got["timings"], copy_gbps)

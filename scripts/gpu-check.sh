@@ -15,7 +15,7 @@
 # transformers peer, and spec with the oracle drafter against plain when the tree has it; about
 # 4 minutes) and `gates1b` (the CUDA gates busy, speed-ab and no-sync on that model). Neither is
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
-# `matmul1b`: the 1B shape's weight matrices timed alone per variant (bench-model matmul;
+# `matmul1b`: the 1B shape's weight matrices timed per variant, each call on a fresh copy (bench-model matmul;
 # MATMUL1B_ARGS adds options, e.g. --rows 1 --variants eager).
 # `paged1b`: the paged attention backend against sdpa on the 1B shape (tests, decode, kernels, 16k).
 # `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py; a later

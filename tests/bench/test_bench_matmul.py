@@ -261,9 +261,10 @@ def test_a_timed_call_cycles_through_the_weight_s_copies():
     weights = matmul.weight_copies(w, l2_bytes=2 * w.numel() * 4)  # 4 copies
     assert len(weights) == 4 and weights[0] is w
     assert all(torch.equal(c, w) for c in weights) and len({c.data_ptr() for c in weights}) == 4
-    seen = []
-    timed = matmul.cycling(lambda x, weight: seen.append(weight), weights)
+    seen, x = [], torch.zeros(1, 3)
+    timed = matmul.cycling(lambda x_in, weight: seen.append((x_in, weight)), weights)
     for _ in range(6):
-        timed(torch.zeros(1, 3), w)
-    assert [next(i for i, c in enumerate(weights) if c is s) for s in seen] == [0, 1, 2, 3, 0, 1]
+        timed(x, w)
+    assert all(x_in is x for x_in, _ in seen)  # the rows go through untouched
+    assert [next(i for i, c in enumerate(weights) if c is s) for _, s in seen] == [0, 1, 2, 3, 0, 1]
     assert matmul.cycling(F.linear, [w]) is F.linear and matmul.weight_copies(w, 0) == [w]

@@ -188,20 +188,12 @@ def test_a_matmul_timing_reads_its_weight_from_memory_not_from_l2(tmp_path):
     (o_proj's 8 MB and down's 32 MB both under the H100's 50 MB L2) times at most 1.05x the copy
     bandwidth measured here. One weight called 100 times in a row read down at 3,368 GB/s against a
     copy bandwidth of about 2,970 on an H100 (2026-12-05): the L2 served it."""
+    from engine.bench.decode import copy_bandwidth
     from engine.bench.matmul import matmul_report
     from engine.bench.models import SHAPES, config_dict
     from engine.config import ModelConfig
     (tmp_path / "config.json").write_text(json.dumps(config_dict(SHAPES["llama-1b"])))
     got = matmul_report(ModelConfig.from_dir(tmp_path), "cuda", rows=(1,), variants=("eager",))
-    src = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")  # 1 GiB, far past any L2
-    dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    dst.copy_(src)
-    start.record()
-    for _ in range(5):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    copy_gbps = 2 * src.numel() * 5 / (start.elapsed_time(end) / 1e3) / 1e9  # read and write
+    copy_gbps = copy_bandwidth("cuda", mib=1024) / 1e9  # the decode floor's own reference, 1 GiB past any L2
     fastest = max(t["gb_per_s"] for t in got["timings"])
     assert fastest <= 1.05 * copy_gbps, (got["timings"], copy_gbps)

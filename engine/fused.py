@@ -10,6 +10,11 @@ by every layer and every bucket (dynamic shapes):
     sdpa_read:        the sdpa backend's gather, mask and SDPA over the paged cache
     mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
 
+On CUDA a one-token step (a plain decode step at one request) runs each projection as one of
+engine/gemv.py's Triton GEMVs instead, with its neighbours fused in: the norm before QKV and
+gate/up, silu(gate) * up before down, the residual adds after o_proj and down; rotate_and_write
+does the rest of attention_inputs. Four kernels a layer fewer, at cuBLAS's bandwidth.
+
 The KV cache write happens inside attention_inputs, in place (an indexed write into a graph input
 is re-inplaced, no copy of the cache: `test_the_compiled_layer_writes_the_cache_in_place`), not
 as two eager writes. Both residual adds ride on cuBLAS (addmm adds them in the matmul's epilogue),
@@ -32,6 +37,8 @@ import torch.nn.functional as F
 from engine.activations import ACTIVATIONS
 from engine.attention import AttentionMetadata, compile_fullgraph, read_cache, sdpa_read, write_cache
 from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
+
+GEMV_ACTIVATIONS = ("silu", "swish")  # the activations engine/gemv.py's act * up prologue computes
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,12 @@ def _stack(*linears) -> torch.Tensor:
 def attention_inputs(x, norm, eps: float, qkv, cos, sin, heads: int, kv_heads: int, head_dim: int,
                      cache, slot_mapping):
     """The layer's rotated queries; its keys and values go straight into the cache."""
-    h = F.linear(rms_norm(x, norm, eps), qkv)
+    return rotate_and_write(F.linear(rms_norm(x, norm, eps), qkv), cos, sin, heads, kv_heads, head_dim, cache,
+                            slot_mapping)
+
+
+def rotate_and_write(h, cos, sin, heads: int, kv_heads: int, head_dim: int, cache, slot_mapping):
+    """attention_inputs after its QKV matmul: h [T, (heads + 2 kv_heads) * head_dim]."""
     qk, v = h.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
     # q and k rotated together: one kernel over every head, not one per tensor
     q, k = rotate(qk.unflatten(-1, (-1, head_dim)), cos, sin).split([heads, kv_heads], dim=-2)
@@ -90,6 +102,10 @@ class Kernels:
     sdpa_read: Callable
     mlp_block: Callable
     final_norm: Callable
+    rotate_and_write: Callable
+    # engine/gemv.py's project, for one-token steps (CUDA's compiled forward); None: every step
+    # takes attention_inputs and mlp_block, the matmuls on cuBLAS
+    project: Callable | None = None
 
 
 def compiled(fn: Callable) -> Callable:
@@ -97,15 +113,24 @@ def compiled(fn: Callable) -> Callable:
     return compile_fullgraph(fn, dynamic=True)
 
 
-def compiled_kernels() -> Kernels:
-    """Inductor's versions of the functions above."""
+def compiled_kernels(gemv: bool = False) -> Kernels:
+    """Inductor's versions of the functions above; with gemv (CUDA), one-token steps' projections
+    are engine/gemv.py's Triton kernels."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
-                   compiled(mlp_block), compiled(rms_norm))
+                   compiled(mlp_block), compiled(rms_norm), compiled(rotate_and_write),
+                   _gemv_project() if gemv else None)
 
 
-def eager_kernels() -> Kernels:
-    """The same functions uncompiled: what the CPU tests compare with the reference model."""
-    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm)
+def eager_kernels(gemv: bool = False) -> Kernels:
+    """The same functions uncompiled: what the CPU tests compare with the reference model (with
+    gemv, the Triton projections, which on the CPU run under Triton's interpreter)."""
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm, rotate_and_write,
+                   _gemv_project() if gemv else None)
+
+
+def _gemv_project() -> Callable:
+    from engine.gemv import project  # imports Triton, which only this path needs
+    return project
 
 
 class FusedForward:
@@ -128,11 +153,20 @@ class FusedForward:
         x = self.model.model.embed_tokens(input_ids)
         cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
         aux = []
+        gemv = kern.project is not None and self.act in GEMV_ACTIVATIONS and input_ids.shape[0] == 1
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            q = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
-                                      meta.slot_mapping)
-            x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
-                               layer.gate_up, layer.down, self.act)
+            if gemv:  # four Triton kernels, the norms, act * up and the residual adds inside them
+                project = kern.project
+                q = kern.rotate_and_write(project(x, layer.qkv, norm=layer.input_norm, eps=eps), cos, sin,
+                                          *self.shape, cache, meta.slot_mapping)
+                x = project(self._read(q, cache, meta).flatten(-2), layer.o_proj, residual=x)
+                x = project(project(x, layer.gate_up, norm=layer.post_norm, eps=eps), layer.down, silu_mul=True,
+                            residual=x)
+            else:
+                q = kern.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
+                                          meta.slot_mapping)
+                x = kern.mlp_block(x, self._read(q, cache, meta), layer.o_proj, layer.post_norm, eps,
+                                   layer.gate_up, layer.down, self.act)
             if i in aux_layers:
                 aux.append(x)
         return kern.final_norm(x, self.model.model.norm.weight, eps), aux

@@ -56,7 +56,9 @@ class ModelRunner:
         self.model = model
         # The forward the step runs: the reference modules, or the same arithmetic fused and compiled;
         # with it, the step's other pure pieces compiled too (the sampler's hashing alone is ~150 ops).
-        self.forward = FusedForward(model, compiled_kernels()) if cfg.compile else model
+        # On CUDA its one-token steps' projections are Triton GEMVs (engine/gemv.py).
+        self.forward = (FusedForward(model, compiled_kernels(gemv=torch.device(cfg.device).type == "cuda"))
+                        if cfg.compile else model)
         self.verify = compiled(verify) if cfg.compile else verify
         self.combine = compiled(combine_inputs) if cfg.compile else combine_inputs
         self.gather_logits = compiled(gather_logits) if cfg.compile else gather_logits

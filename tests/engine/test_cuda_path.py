@@ -134,11 +134,11 @@ ARMS = [pytest.param(dict(graph=g, async_runner=a, attention_backend=b, compile=
         for c in (False, True) for b in ("sdpa", "flex", "paged") for g in (False, True) for a in (False, True)]
 
 
-def run(device, **arm):
+def run(device, spec="ngram", **arm):
     from engine.llm import LLM
     from engine.sampling import SamplingParams
     from fixtures import TARGET_DIR
-    llm = LLM(TARGET_DIR, device=device, dtype="float32", max_model_len=128, max_num_seqs=4, spec="ngram",
+    llm = LLM(TARGET_DIR, device=device, dtype="float32", max_model_len=128, max_num_seqs=4, spec=spec,
               num_spec_tokens=3, trace=True, **arm)
     lengths = [24, 9, 17, 30, 12]
     outs = llm.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
@@ -168,6 +168,20 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
         assert llm.runner.declared_syncs.counts["graph capture"] == len(llm.runner.graphs)
     if arm["graph"] and arm["attention_backend"] != "flex":
         assert len(planner.context_buckets) > 1  # the context is bucketed, not padded to the table
+
+
+@NOT_UNDER_MUTATION
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_plain_decoding_compiled_on_cuda_runs_one_token_steps_through_the_gemv_and_gives_the_cpu_tokens(graph):
+    """The compiled forward on CUDA takes engine/gemv.py's Triton GEMVs for one-token steps (the
+    last request decoding alone here) and cuBLAS for the rest: the CPU's plain greedy tokens, in
+    float32, eager and inside the CUDA graphs."""
+    from engine.fused import FusedForward
+    llm, tokens = run("cuda", spec=None, compile=True, graph=graph)
+    assert isinstance(llm.runner.forward, FusedForward) and llm.runner.forward.kernels.project is not None
+    step_tokens = [sum(len(r.input_ids) for r in t.requests) + t.num_padding_rows for t in llm.trace]
+    assert 1 in step_tokens and max(step_tokens) > 1, "no one-token step, or no several-token one"
+    assert tokens == run("cpu", spec=None)[1]
 
 
 def test_result_ring_copies_each_step_into_its_own_buffer_and_refuses_a_fourth_unread():
@@ -215,3 +229,17 @@ def test_the_compiled_layer_writes_the_cuda_cache_in_place(dtype):
     attention_inputs(*expected_args)
     assert torch.allclose(cache.float(), expected_args[-2].float(), **TOLERANCE[dtype])
     assert cache[:, args[-1]].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["plain", "norm", "residual", "silu * up, residual"])
+def test_the_gemv_projections_compiled_equal_the_torch_arithmetic_in_bfloat16(kind):
+    """engine/gemv.py compiled for the GPU, with the engine's own tiles, on the 1B shape's QKV,
+    gate/up, o_proj and down sizes: within a few of bfloat16's roundings of cuBLAS's arithmetic."""
+    from engine.gemv import tiles_for
+    from helpers.projections import gemv, inputs, reference
+    n, k = {"plain": (3072, 2048), "norm": (16384, 2048), "residual": (2048, 2048),
+            "silu * up, residual": (2048, 8192)}[kind]
+    x, w, norm, res = (t.cuda() for t in inputs(n, k, torch.bfloat16, seed=n))
+    out, ref = gemv(kind, x, w, norm, res, tiles_for(n, k)), reference(kind, x, w, norm, res)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref.float()).abs().max() <= 2 ** -5 * ref.float().abs().max()

@@ -60,6 +60,33 @@ def test_fused_layers_give_the_reference_tokens_and_emit_counts(make_llm, drafte
     assert graph == any(step.route.endswith("/graph") for step in fused.trace), "the arm asked for did not run"
 
 
+def test_gemv_projections_give_the_reference_tokens_and_emit_counts(make_llm):
+    """CUDA's one-token steps' projections (engine/gemv.py's Triton kernels, under Triton's
+    interpreter here) inside a whole engine decoding plainly (a drafter's verify steps always hold
+    k + 1 tokens a request): the reference modules' tokens and per-step emit counts, on a batch
+    whose several-token steps take the cuBLAS path and whose one-token steps (the first request
+    decoding alone, before the others arrive and after they finish) take the GEMV one."""
+    from engine.bench.workload import Workload
+    batch = Workload([[5, 6, 7, 8, 9, 5, 6, 7], [10, 11], [12, 13, 14]], max_tokens=(16, 6, 9),
+                     arrival_steps=(0, 1, 2))
+    reference = run(make_llm(max_num_seqs=4, trace=True), batch)
+    fused = make_llm(max_num_seqs=4, trace=True)
+    fused.runner.forward = forward = FusedForward(fused.runner.model, eager_kernels(gemv=True))
+    rows, project = [], forward.kernels.project
+    forward.kernels = dataclasses.replace(forward.kernels, project=lambda x, *a, **kw: rows.append(x.shape[0])
+                                          or project(x, *a, **kw))
+    steps = []
+    attention_inputs = forward.kernels.attention_inputs
+    forward.kernels = dataclasses.replace(forward.kernels, attention_inputs=lambda x, *a: steps.append(x.shape[0])
+                                          or attention_inputs(x, *a))
+    got = run(fused, batch)
+    assert got[0] == reference[0]
+    assert first_difference(reference[1], got[1], "emit_count") is None
+    assert rows and set(rows) == {1}, "no one-token step took the GEMV path"
+    assert steps and min(steps) > 1, "a several-token step did not take the cuBLAS path"
+    assert max(step.num_reqs for step in fused.trace) > 1, "no step held several requests"
+
+
 def test_fused_layers_over_flex_read_the_cache_through_its_block_mask(make_llm):
     """The fused layers with the flex backend (uncompiled, on the CPU): each layer's read takes
     flex's block mask, and the run is the reference modules' token for token and step for step."""

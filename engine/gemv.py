@@ -1,0 +1,101 @@
+"""One-token steps' projections as Triton GEMVs, each with its neighbours fused in.
+
+A plain decode step at one request multiplies a single row by each weight matrix: the time is
+reading the weights. On a 1B model each layer's four matmuls are surrounded by small kernels of
+their own (the norm before QKV and gate/up, act * up before down, cuBLAS's split-K reduce after
+it), each paying a launch and a ramp during which no weight is read. Here one kernel does a
+projection and what surrounds it:
+
+    norm prologue:      rms_norm(x) @ W.T           (input_layernorm + QKV, post_norm + gate/up)
+    act * up prologue:  (silu(gate) * up) @ W.T     (the MLP's down projection; x = [gate | up])
+    residual epilogue:  ... + residual              (o_proj and down add the residual stream)
+
+One program computes BLOCK_N outputs: it streams its BLOCK_N weight rows in BLOCK_K chunks and
+multiplies each chunk by the matching slice of the row in float32 registers, summing over K only
+once at the end. No tl.dot: tl.dot stages its operands in shared memory and pads one row to 16,
+which made an earlier version (commit 29ab227) 2.9x slower than cuBLAS on an H100. Narrow tiles
+(4 outputs) and long chunks (1,024) keep enough programs in flight to read at cuBLAS's bandwidth
+without splitting K (docs/measurements.md, 2026-12-07). The norm's sum of squares is a first pass
+over the row in each program: the row is a few KB from L2, far cheaper than a kernel launch.
+
+The arithmetic is the torch version's: the norm in float32, rounded as rms_norm rounds; silu(gate)
+* up in float32, rounded once; one rounding after the residual add. Only one-token steps take this
+path (FusedForward.__call__); rows of several tokens stay on cuBLAS. On the CPU the kernel
+runs only under Triton's interpreter, whose bfloat16 arithmetic is wrong, so every product here
+is taken in float32.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+NO_PROLOGUE, NORM, SILU_MUL = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_n: int    # outputs (weight rows) per program
+    block_k: int    # columns of the row read per loop step
+    num_warps: int
+
+
+def tiles_for(n: int, k: int) -> Tiles:
+    """The tiles timed best on an H100 for the 1B shape's four matrices (docs/measurements.md):
+    four outputs a program, chunks of 1,024 columns, eight warps for the long K of down."""
+    block_k = min(1024, max(16, triton.next_power_of_2(k)))
+    return Tiles(block_n=4, block_k=block_k, num_warps=8 if k >= 8192 else 4)
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, N, K, eps, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dtype = w_ptr.dtype.element_ty
+    if PROLOGUE == 1:  # rms_norm: the row's sum of squares first, in float32
+        squares = tl.zeros([BLOCK_K], tl.float32)
+        for start in range(0, K, BLOCK_K):
+            ks = start + tl.arange(0, BLOCK_K)
+            xk = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+            squares += xk * xk
+        inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for start in range(0, K, BLOCK_K):
+        ks = start + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        if PROLOGUE == 1:  # normalised, cast back, then scaled by the norm's weight: rms_norm's roundings
+            weight = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = ((x * inv_rms).to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
+        elif PROLOGUE == 2:  # the row holds [gate | up]
+            up = tl.load(x_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
+            x = (x * tl.sigmoid(x) * up).to(dtype).to(tl.float32)
+        w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, 1)
+    if RESIDUAL:
+        out += tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+            silu_mul: bool = False, residual: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
+    """x [1, K] (or [1, 2K] = [gate | up] with silu_mul) times weight [N, K].T, with the optional
+    rms_norm or silu(gate) * up prologue and the residual [1, N] epilogue."""
+    n, k = weight.shape
+    if x.shape != (1, 2 * k if silu_mul else k) or not (x.is_contiguous() and weight.is_contiguous()):
+        raise ValueError(f"project takes one contiguous row of {2 * k if silu_mul else k} against a contiguous "
+                         f"[{n}, {k}] weight, got x {tuple(x.shape)}")
+    if silu_mul and norm is not None:
+        raise ValueError("project computes one prologue: the norm or silu(gate) * up, not both")
+    if residual is not None and not (residual.shape == (1, n) and residual.is_contiguous()):
+        raise ValueError(f"the residual must be one contiguous row of {n}, got {tuple(residual.shape)}")
+    tiles = tiles or tiles_for(n, k)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    prologue = NORM if norm is not None else SILU_MUL if silu_mul else NO_PROLOGUE
+    _gemv[(triton.cdiv(n, tiles.block_n),)](
+        x, weight, out, residual if residual is not None else out, norm if norm is not None else weight, n, k, eps,
+        PROLOGUE=prologue, RESIDUAL=residual is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps)
+    return out

@@ -1,0 +1,58 @@
+"""engine/gemv.py's one-row projections against the torch arithmetic they replace (engine/fused.py's
+attention_inputs and mlp_block: rms_norm then the QKV or gate/up matmul, silu(gate) * up then the
+down matmul, the residual adds), on the CPU under Triton's interpreter (the root conftest sets it):
+every prologue and epilogue, sizes that are not a multiple of the tiles, float32 and bfloat16.
+test_fused.py runs the projections inside a whole engine, and test_cuda_path.py compiled on a GPU."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.gemv import project, tiles_for
+from helpers.projections import KINDS, gemv, inputs, reference
+
+
+@settings(max_examples=12, deadline=None)
+@given(kind=st.sampled_from(KINDS), n=st.integers(1, 70), k=st.integers(1, 100), seed=st.integers(0, 1000))
+def test_each_projection_equals_the_torch_arithmetic_in_float32(kind, n, k, seed):
+    x, w, norm, res = inputs(n, k, torch.float32, seed)
+    torch.testing.assert_close(gemv(kind, x, w, norm, res), reference(kind, x, w, norm, res), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_projection_in_bfloat16_is_within_a_rounding_of_the_torch_arithmetic(kind):
+    """bfloat16 weights, as on CUDA: the same arithmetic up to where float32 sums are rounded (the
+    torch reference rounds each matmul before the residual add, the kernel once after it)."""
+    x, w, norm, res = inputs(48, 96, torch.bfloat16, seed=3)
+    out, ref = gemv(kind, x, w, norm, res), reference(kind, x, w, norm, res)
+    assert out.dtype == torch.bfloat16
+    # a few of bfloat16's roundings (epsilon 2^-7) of the largest output: the inputs' roundings differ
+    # where the two round a float32 intermediate in different places
+    assert (out.float() - ref.float()).abs().max() <= 2 ** -5 * ref.float().abs().max()
+
+
+def test_the_default_tiles_compute_every_projection_of_a_llama_layer():
+    """tiles_for's choice (what the engine runs) on a layer of the 1B shape's proportions, scaled
+    down, K past one chunk for down."""
+    for kind, (n, k) in {"norm": (96, 64), "residual": (64, 64), "silu * up, residual": (64, 2304)}.items():
+        x, w, norm, res = inputs(n, k, torch.float32, seed=n + k)
+        torch.testing.assert_close(gemv(kind, x, w, norm, res, tiles_for(n, k)), reference(kind, x, w, norm, res),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_the_tiles_read_four_outputs_a_program_in_chunks_of_up_to_1024_columns():
+    assert tiles_for(3072, 2048).block_n == 4 and tiles_for(3072, 2048).block_k == 1024
+    assert tiles_for(2048, 8192).num_warps == 8 and tiles_for(2048, 2048).num_warps == 4
+    assert tiles_for(64, 48).block_k == 64
+
+
+def test_anything_but_one_contiguous_row_is_refused():
+    x, w, norm, res = inputs(16, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="one contiguous row"):
+        project(torch.cat([x[:, :16], x[:, :16]]), w)
+    with pytest.raises(ValueError, match="one contiguous row"):
+        project(x[:, ::2], w)  # every other element of the row
+    with pytest.raises(ValueError, match="not both"):
+        project(x, w, norm=norm, silu_mul=True)
+    with pytest.raises(ValueError, match="residual"):
+        project(x[:, :16].contiguous(), w, residual=torch.cat([res, res]))

@@ -1,0 +1,37 @@
+"""engine/gemv.py's projections and the torch arithmetic each replaces, on one set of inputs."""
+import torch
+import torch.nn.functional as F
+
+from engine.gemv import Tiles, project
+from engine.model import rms_norm
+
+KINDS = ["plain", "norm", "residual", "silu * up, residual"]
+SMALL_TILES = Tiles(block_n=4, block_k=32, num_warps=4)  # small sizes still span several programs and chunks
+
+
+def inputs(n: int, k: int, dtype: torch.dtype, seed: int):
+    """One row x [1, 2K] (gate | up), the weight [N, K], a norm weight [K] and a residual [1, N]."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    return rand(1, 2 * k), rand(n, k) / k ** 0.5, 1 + rand(k) / 4, rand(1, n)
+
+
+def reference(kind: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    k = w.shape[1]
+    if kind == "norm":
+        return F.linear(rms_norm(x[:, :k], norm, 1e-5), w)
+    if kind == "silu * up, residual":
+        gate, up = x.chunk(2, dim=-1)
+        return res + F.linear(F.silu(gate) * up, w)
+    if kind == "residual":
+        return res + F.linear(x[:, :k], w)
+    return F.linear(x[:, :k], w)
+
+
+def gemv(kind: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, res: torch.Tensor, tiles=SMALL_TILES):
+    k = w.shape[1]
+    if kind == "norm":
+        return project(x[:, :k].contiguous(), w, norm=norm, eps=1e-5, tiles=tiles)
+    if kind == "silu * up, residual":
+        return project(x, w, silu_mul=True, residual=res, tiles=tiles)
+    return project(x[:, :k].contiguous(), w, residual=res if kind == "residual" else None, tiles=tiles)

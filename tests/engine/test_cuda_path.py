@@ -5,7 +5,8 @@ attention_backend sdpa/flex/paged) with ngram spec (k=3), several requests of mi
 arrival steps, with the reference forward and the fused one compiled by inductor (engine/fused.py).
 Graphs are captured at start-up, for every (batch, context) bucket. And flex's floor on the head
 dimension: refused under 16 on CUDA, by name. The paged backend's Triton kernel, compiled, against
-the reference on decode and verify rows, split and whole, and inside a CUDA graph."""
+the reference on decode and verify rows, split and whole, and inside a CUDA graph. engine/gemv.py's
+projections compiled on the 1B sizes, and one-token steps running them inside the compiled engine."""
 import gc
 import os
 
@@ -171,16 +172,22 @@ def test_fixture_target_gives_the_cpu_tokens_in_every_arm(arm, cpu_tokens):
 
 
 @NOT_UNDER_MUTATION
+@pytest.mark.parametrize("backend", ["paged", "sdpa"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_plain_decoding_compiled_on_cuda_runs_one_token_steps_through_the_gemv_and_gives_the_cpu_tokens(graph):
+def test_plain_decoding_compiled_on_cuda_runs_one_token_steps_through_the_gemv_and_gives_the_cpu_tokens(
+        graph, backend, monkeypatch):
     """The compiled forward on CUDA takes engine/gemv.py's Triton GEMVs for one-token steps (the
-    last request decoding alone here) and cuBLAS for the rest: the CPU's plain greedy tokens, in
-    float32, eager and inside the CUDA graphs."""
-    from engine.fused import FusedForward
-    llm, tokens = run("cuda", spec=None, compile=True, graph=graph)
-    assert isinstance(llm.runner.forward, FusedForward) and llm.runner.forward.kernels.project is not None
-    step_tokens = [sum(len(r.input_ids) for r in t.requests) + t.num_padding_rows for t in llm.trace]
-    assert 1 in step_tokens and max(step_tokens) > 1, "no one-token step, or no several-token one"
+    longest request decoding alone at the end here) and cuBLAS for the rest: the CPU's plain greedy
+    tokens, in float32, eager and replayed in the CUDA graphs, after the paged kernel and sdpa's read."""
+    import engine.fused as fused
+    rows, build = [], fused._gemv_project
+    monkeypatch.setattr(fused, "_gemv_project", lambda: lambda x, *a, **kw: rows.append(x.shape[0])
+                        or build()(x, *a, **kw))  # counts the calls made eagerly and while capturing
+    llm, tokens = run("cuda", spec=None, compile=True, graph=graph, attention_backend=backend)
+    assert isinstance(llm.runner.forward, fused.FusedForward) and rows and set(rows) == {1}, "no GEMV call"
+    one_token = [t for t in llm.trace if sum(len(r.input_ids) for r in t.requests) + t.num_padding_rows == 1]
+    assert one_token and len(one_token) < len(llm.trace), "no one-token step, or no several-token one"
+    assert all(t.route.endswith("/graph") == graph for t in one_token), "a one-token step ran in the other arm"
     assert tokens == run("cpu", spec=None)[1]
 
 
@@ -234,12 +241,14 @@ def test_the_compiled_layer_writes_the_cuda_cache_in_place(dtype):
 @pytest.mark.parametrize("kind", ["plain", "norm", "residual", "silu * up, residual"])
 def test_the_gemv_projections_compiled_equal_the_torch_arithmetic_in_bfloat16(kind):
     """engine/gemv.py compiled for the GPU, with the engine's own tiles, on the 1B shape's QKV,
-    gate/up, o_proj and down sizes: within a few of bfloat16's roundings of cuBLAS's arithmetic."""
+    gate/up, o_proj and down sizes: within a few of bfloat16's roundings of cuBLAS's arithmetic,
+    and within one rounding of the kernel's own arithmetic done exactly."""
     from engine.gemv import tiles_for
-    from helpers.projections import gemv, inputs, reference
+    from helpers.projections import assert_within_one_rounding, exact, gemv, inputs, reference
     n, k = {"plain": (3072, 2048), "norm": (16384, 2048), "residual": (2048, 2048),
             "silu * up, residual": (2048, 8192)}[kind]
     x, w, norm, res = (t.cuda() for t in inputs(n, k, torch.bfloat16, seed=n))
     out, ref = gemv(kind, x, w, norm, res, tiles_for(n, k)), reference(kind, x, w, norm, res)
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref.float()).abs().max() <= 2 ** -5 * ref.float().abs().max()
+    assert_within_one_rounding(out, exact(kind, x, w, norm, res))

@@ -28,6 +28,34 @@ def reference(kind: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, r
     return F.linear(x[:, :k], w)
 
 
+def exact(kind: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic with its intermediates computed in float32 and rounded where the
+    kernel rounds them (the norm as rms_norm rounds it, silu(gate) * up once), then the matmul and
+    the residual add in float64, the output not rounded: a correct kernel differs from it by its
+    one output rounding and float32 summation order."""
+    k = w.shape[1]
+    if kind == "norm":
+        inputs_ = rms_norm(x[:, :k], norm, 1e-5)
+    elif kind == "silu * up, residual":
+        gate, up = x.float().chunk(2, dim=-1)
+        inputs_ = (gate * torch.sigmoid(gate) * up).to(w.dtype)
+    else:
+        inputs_ = x[:, :k]
+    out = inputs_.double() @ w.double().T
+    return out + res.double() if kind in ("residual", "silu * up, residual") else out
+
+
+def assert_within_one_rounding(out: torch.Tensor, exact_out: torch.Tensor) -> None:
+    """Each output within one rounding of the exact value (a unit in the last place: 2^-7 relative
+    in bfloat16, 2^-23 in float32) plus float32 summation's error, 2^-12 of the outputs' root mean
+    square: a kernel that drops a single column of K lands 13 to 240 times that far off (measured
+    under the interpreter on the sizes the tests use)."""
+    unit = torch.finfo(out.dtype).eps
+    bound = unit * exact_out.abs() + 2 ** -12 * exact_out.pow(2).mean().sqrt()
+    excess = (out.double() - exact_out).abs() - bound
+    assert excess.max() <= 0, f"{(excess > 0).sum().item()} outputs beyond one rounding, worst by {excess.max():.3g}"
+
+
 def gemv(kind: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, res: torch.Tensor, tiles=SMALL_TILES):
     k = w.shape[1]
     if kind == "norm":

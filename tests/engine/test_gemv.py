@@ -7,10 +7,12 @@ exactly (helpers/projections.py's exact).
 test_fused.py runs the projections inside a whole engine, and test_cuda_path.py compiled on a GPU."""
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.gemv import project, tiles_for
+from engine.model import rms_norm
 from helpers.projections import KINDS, assert_within_one_rounding, exact, gemv, inputs, reference
 
 
@@ -59,16 +61,24 @@ def test_the_default_tiles_compute_every_projection_of_a_llama_layer():
 def test_the_tiles_read_four_outputs_a_program_in_chunks_of_up_to_1024_columns():
     assert tiles_for(3072, 2048).block_n == 4 and tiles_for(3072, 2048).block_k == 1024
     assert tiles_for(2048, 8192).num_warps == 8 and tiles_for(2048, 2048).num_warps == 4
-    assert tiles_for(64, 48).block_k == 64
+    assert tiles_for(64, 48).block_k == 64 and tiles_for(64, 8).block_k == 16  # tl.arange's floor of 16
+
+
+def test_the_norm_without_an_epsilon_is_rms_norm_with_none():
+    x, w, norm, _ = inputs(24, 40, torch.float32, seed=2)
+    row = x[:, :40].contiguous()
+    torch.testing.assert_close(project(row, w, norm=norm), F.linear(rms_norm(row, norm, 0.0), w), atol=1e-5, rtol=1e-5)
 
 
 def test_anything_but_one_contiguous_row_is_refused():
     x, w, norm, res = inputs(16, 16, torch.float32, seed=0)
-    with pytest.raises(ValueError, match="one contiguous row"):
+    with pytest.raises(ValueError, match="one contiguous row of 16 against a contiguous"):
         project(torch.cat([x[:, :16], x[:, :16]]), w)
-    with pytest.raises(ValueError, match="one contiguous row"):
+    with pytest.raises(ValueError, match="one contiguous row of 16 against"):
         project(x[:, ::2], w)  # every other element of the row
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="one contiguous row of 32 against"):  # [gate | up]
+        project(x[:, :16].contiguous(), w, silu_mul=True)
+    with pytest.raises(ValueError, match="^project computes one prologue"):
         project(x, w, norm=norm, silu_mul=True)
     with pytest.raises(ValueError, match="residual"):
         project(x[:, :16].contiguous(), w, residual=torch.cat([res, res]))

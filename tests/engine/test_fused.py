@@ -127,6 +127,16 @@ def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make
     assert (fused.propose == fused.proposer.propose) == (drafter != "ngram")
 
 
+def test_the_kernels_take_the_gemv_only_when_asked():
+    """compiled_kernels and eager_kernels build engine/gemv.py's project only with gemv=True (the
+    runner asks on CUDA alone): without it every step's projections stay on the torch path."""
+    from engine.fused import compiled_kernels
+    from engine.gemv import project
+    for build in (compiled_kernels, eager_kernels):
+        assert build().project is None and build(gemv=False).project is None
+        assert build(gemv=True).project is project
+
+
 def test_packing_keeps_the_checkpoint(target_dir):
     """The Hugging Face parameters become views of the packed weights: same names, same values,
     no second copy of the weights."""

@@ -11,14 +11,15 @@ by every layer and every bucket (dynamic shapes):
     mlp_block:        o_proj + residual -> RMSNorm -> one gate/up matmul -> act * up -> down + residual
 
 On CUDA a one-token step (a plain decode step at one request) runs each projection as one of
-engine/gemv.py's Triton GEMVs instead, with its neighbours fused in: the norm before QKV and
-gate/up, silu(gate) * up before down, the residual adds after o_proj and down; rotate_and_write
-does the rest of attention_inputs. Four kernels a layer fewer, at cuBLAS's bandwidth.
+engine/gemv.py's Triton GEMVs instead, with its neighbours fused in: attention_inputs whole (the
+norm, QKV, the rotary and the cache write), the norm before gate/up, silu(gate) * up before
+down, the residual adds after o_proj and down. Four kernels a layer around the attention read.
 
 The KV cache write happens inside attention_inputs, in place (an indexed write into a graph input
 is re-inplaced, no copy of the cache: `test_the_compiled_layer_writes_the_cache_in_place`), not
-as two eager writes. Both residual adds ride on cuBLAS (addmm adds them in the matmul's epilogue),
-so moving one into the next norm saves no kernel (measured on an H100, docs/measurements.md).
+as two eager writes. On steps of several tokens both residual adds ride on cuBLAS (addmm adds them
+in the matmul's epilogue), so moving one into the next norm saves no kernel (measured on an H100,
+docs/measurements.md).
 
 With compile=True the runner also compiles the pure pieces of the step around the forward: the
 combine (engine/combine.py), the sdpa attention metadata, the logits gather, verify (whose keyed
@@ -30,6 +31,7 @@ doubled.
 """
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,9 @@ import torch.nn.functional as F
 from engine.activations import ACTIVATIONS
 from engine.attention import AttentionMetadata, compile_fullgraph, read_cache, sdpa_read, write_cache
 from engine.model import LlamaForCausalLM, rms_norm, rotary_angles, rotate
+
+if TYPE_CHECKING:
+    from engine.gemv import OneTokenKernels
 
 GEMV_ACTIVATIONS = ("silu", "swish")  # the activations engine/gemv.py's act * up prologue computes
 
@@ -102,10 +107,9 @@ class Kernels:
     sdpa_read: Callable
     mlp_block: Callable
     final_norm: Callable
-    rotate_and_write: Callable
-    # engine/gemv.py's project, for one-token steps (CUDA's compiled forward); None: every step
+    # engine/gemv.py's kernels, for one-token steps (CUDA's compiled forward); None: every step
     # takes attention_inputs and mlp_block, the matmuls on cuBLAS
-    project: Callable | None = None
+    gemv: "OneTokenKernels | None" = None
 
 
 def compiled(fn: Callable) -> Callable:
@@ -117,20 +121,19 @@ def compiled_kernels(gemv: bool = False) -> Kernels:
     """Inductor's versions of the functions above; with gemv (CUDA), one-token steps' projections
     are engine/gemv.py's Triton kernels."""
     return Kernels(compiled(rotary_angles), compiled(attention_inputs), compiled(sdpa_read),
-                   compiled(mlp_block), compiled(rms_norm), compiled(rotate_and_write),
-                   _gemv_project() if gemv else None)
+                   compiled(mlp_block), compiled(rms_norm), _one_token_kernels() if gemv else None)
 
 
 def eager_kernels(gemv: bool = False) -> Kernels:
     """The same functions uncompiled: what the CPU tests compare with the reference model (with
     gemv, the Triton projections, which on the CPU run under Triton's interpreter)."""
-    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm, rotate_and_write,
-                   _gemv_project() if gemv else None)
+    return Kernels(rotary_angles, attention_inputs, sdpa_read, mlp_block, rms_norm,
+                   _one_token_kernels() if gemv else None)
 
 
-def _gemv_project() -> Callable:
-    from engine.gemv import project  # imports Triton, which only this path needs
-    return project
+def _one_token_kernels() -> "OneTokenKernels":
+    from engine.gemv import ONE_TOKEN  # imports Triton, which only this path needs
+    return ONE_TOKEN
 
 
 class FusedForward:
@@ -153,12 +156,12 @@ class FusedForward:
         x = self.model.model.embed_tokens(input_ids)
         cos, sin = kern.rotary_angles(positions, self.model.rotary.inv_freq)
         aux = []
-        gemv = kern.project is not None and self.act in GEMV_ACTIVATIONS and input_ids.shape[0] == 1
+        one_token = kern.gemv if self.act in GEMV_ACTIVATIONS and input_ids.shape[0] == 1 else None
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            if gemv:  # four Triton kernels, the norms, act * up and the residual adds inside them
-                project = kern.project
-                q = kern.rotate_and_write(project(x, layer.qkv, norm=layer.input_norm, eps=eps), cos, sin,
-                                          *self.shape, cache, meta.slot_mapping)
+            if one_token is not None:  # four Triton kernels, all but the attention read fused into them
+                project = one_token.project
+                q = one_token.attention_inputs(x, layer.input_norm, eps, layer.qkv, cos, sin, *self.shape, cache,
+                                               meta.slot_mapping)
                 x = project(self._read(q, cache, meta).flatten(-2), layer.o_proj, residual=x)
                 x = project(project(x, layer.gate_up, norm=layer.post_norm, eps=eps), layer.down, silu_mul=True,
                             residual=x)

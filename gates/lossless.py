@@ -10,6 +10,9 @@ received, which must be its committed output so far (gates/invariants.py history
 processors that read the whole history (a repetition penalty, a no-repeat n-gram ban, a bias keyed
 by the history's length; gates/processors.py) run beside drafting requests that stop mid-verify,
 under preemption: spec equals plain equals the reference.
+The plain runs arrive staggered, so the last request decodes alone: on CUDA's compiled forward a
+one-token step runs engine/gemv.py's kernels, every other step cuBLAS, and the gate asserts the
+GEMV path ran there (spec runs, all verify steps of k + 1 tokens, are compared with it).
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
 and whole sampled engine runs emit it too (randomized PIT of the tokens, and for the one-hot ngram
 drafter of its accept decisions, see gates/distribution.py), while the
@@ -27,6 +30,8 @@ verify's p equals the block drafter's q of the same row and parameters (gates/pq
 Over 300 lines because it is one gate: its greedy, distribution, bfloat16 and engine-seed checks
 report one set of claims and share its fixtures and workloads.
 """
+from dataclasses import dataclass, replace
+
 import pytest
 import torch
 from hypothesis import given
@@ -106,18 +111,46 @@ BF16_WORKLOAD = Workload(prompts=tuple(PROMPTS[i] for i in (0, 3, 6, 7)), max_to
 UNSEEDED = Workload.uniform(PROMPTS[:4], 12, 1.0)
 
 
+@dataclass(frozen=True)
+class PlainGreedy:
+    tokens: dict[tuple[str, bool], list[int]]  # keyed (prompt, has processor)
+    one_token_steps: int     # steps whose forward ran a single token: the last request decoding alone
+    gemv_calls: int | None   # calls of engine/gemv.py's attention_inputs; None: the forward has no GEMV path
+
+
+# Staggered, so the last request decodes alone at the end: a one-token step, which the compiled
+# forward on CUDA runs through engine/gemv.py's kernels (and several-token steps through cuBLAS).
+PLAIN_ARRIVALS = [2 * i for i in range(len(PROMPTS))]
+
+
 @pytest.fixture(scope="module")
-def plain_greedy(make_llm, forward):
-    """Plain greedy output of every prompt, without and with the logits processor, keyed
-    (prompt, has processor); a shorter max_tokens gives a prefix of it. Once per forward: spec
-    runs are compared with plain runs of their own forward."""
-    llm = make_llm(async_runner=False)
+def plain_greedy(make_llm, forward) -> PlainGreedy:
+    """Plain greedy output of every prompt, without and with the logits processor; a shorter
+    max_tokens gives a prefix of it. Once per forward: spec runs are compared with plain runs of
+    their own forward, whose steps of one token and of several take different kernels."""
+    llm = make_llm(async_runner=False, trace=True)
+    gemv_calls = count_gemv_calls(llm)
     out = {}
     for processed in (False, True):
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                 logits_processors=[no_immediate_repeat] if processed else [])
-        out |= {(p, processed): o.token_ids for p, o in zip(PROMPTS, llm.generate(list(PROMPTS), params))}
-    return out
+        outputs = llm.generate(list(PROMPTS), params, arrival_steps=PLAIN_ARRIVALS)
+        out |= {(p, processed): o.token_ids for p, o in zip(PROMPTS, outputs)}
+    one_token = sum(sum(len(r.input_ids) for r in s.requests) + s.num_padding_rows == 1 for s in llm.trace)
+    return PlainGreedy(out, one_token, None if gemv_calls is None else len(gemv_calls))
+
+
+def count_gemv_calls(llm) -> list | None:
+    """A list that grows by one at each call of engine/gemv.py's attention_inputs (once a layer of a
+    one-token step, or of its graph's capture) in llm's forward; None if the forward has no GEMV path."""
+    forward = llm.runner.forward
+    one_token = getattr(getattr(forward, "kernels", None), "gemv", None)
+    if one_token is None:
+        return None
+    calls = []
+    counted = lambda *args, **kwargs: calls.append(1) or one_token.attention_inputs(*args, **kwargs)  # noqa: E731
+    forward.kernels = replace(forward.kernels, gemv=replace(one_token, attention_inputs=counted))
+    return calls
 
 
 def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **engine):
@@ -126,7 +159,7 @@ def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **eng
         r = run(make_llm, workload, async_runner=async_runner, **engine)
         gate_record.case(**{k: v for k, v in engine.items() if v is not None}, async_runner=async_runner,
                          num_reqs=workload.num_reqs)
-        expected = {o.request_id: plain_greedy[p, h][:m] for o, p, m, h in
+        expected = {o.request_id: plain_greedy.tokens[p, h][:m] for o, p, m, h in
                     zip(r.outputs, workload.prompts, workload.max_tokens, processed)}
         gate_record.check(token_difference(expected, r), f"{r.label()}: spec vs plain greedy")
         gate_record.check(reference_difference(reference, r, r.max_model_len)[0],
@@ -148,6 +181,17 @@ def check_histories(gate_record, r) -> None:
                       f"{r.label()}: the history each logits processor call received")
     gate_record.occurred("logits processor histories checked call by call",
                          any(len(calls) > 1 for calls in r.histories.values()))
+
+
+def test_plain_runs_hold_one_token_steps_on_the_gemv_path(gate_record, plain_greedy):
+    """The plain runs every spec run is compared with hold one-token steps, and on CUDA's compiled
+    forward those ran engine/gemv.py's kernels: spec (verify steps of k + 1 tokens, on cuBLAS)
+    against plain then compares the two kernel paths."""
+    gate_record.case(plain_runs="every prompt, staggered, without and with the logits processor")
+    gate_record.measure(one_token_steps=plain_greedy.one_token_steps, gemv_calls=plain_greedy.gemv_calls)
+    assert plain_greedy.one_token_steps > 0, "the plain runs had no one-token step"
+    if plain_greedy.gemv_calls is not None:
+        assert plain_greedy.gemv_calls > 0, "the plain runs' one-token steps did not take engine/gemv.py's kernels"
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -6,7 +6,8 @@ arrival steps, with the reference forward and the fused one compiled by inductor
 Graphs are captured at start-up, for every (batch, context) bucket. And flex's floor on the head
 dimension: refused under 16 on CUDA, by name. The paged backend's Triton kernel, compiled, against
 the reference on decode and verify rows, split and whole, and inside a CUDA graph. engine/gemv.py's
-projections compiled on the 1B sizes, and one-token steps running them inside the compiled engine."""
+projections and attention_inputs compiled on the 1B sizes, and one-token steps running them inside
+the compiled engine."""
 import gc
 import os
 
@@ -179,12 +180,18 @@ def test_plain_decoding_compiled_on_cuda_runs_one_token_steps_through_the_gemv_a
     """The compiled forward on CUDA takes engine/gemv.py's Triton GEMVs for one-token steps (the
     longest request decoding alone at the end here) and cuBLAS for the rest: the CPU's plain greedy
     tokens, in float32, eager and replayed in the CUDA graphs, after the paged kernel and sdpa's read."""
+    import dataclasses
+
     import engine.fused as fused
-    rows, build = [], fused._gemv_project
-    monkeypatch.setattr(fused, "_gemv_project", lambda: lambda x, *a, **kw: rows.append(x.shape[0])
-                        or build()(x, *a, **kw))  # counts the calls made eagerly and while capturing
+    rows, build = [], fused._one_token_kernels
+
+    def counted(fn):  # counts the calls made eagerly and while capturing
+        return lambda x, *a, **kw: rows.append((fn.__name__, x.shape[0])) or fn(x, *a, **kw)
+    monkeypatch.setattr(fused, "_one_token_kernels", lambda: dataclasses.replace(
+        build(), attention_inputs=counted(build().attention_inputs), project=counted(build().project)))
     llm, tokens = run("cuda", spec=None, compile=True, graph=graph, attention_backend=backend)
-    assert isinstance(llm.runner.forward, fused.FusedForward) and rows and set(rows) == {1}, "no GEMV call"
+    assert isinstance(llm.runner.forward, fused.FusedForward), "not the compiled forward"
+    assert {name for name, _ in rows} == {"attention_inputs", "project"} and {t for _, t in rows} == {1}, rows
     one_token = [t for t in llm.trace if sum(len(r.input_ids) for r in t.requests) + t.num_padding_rows == 1]
     assert one_token and len(one_token) < len(llm.trace), "no one-token step, or no several-token one"
     assert all(t.route.endswith("/graph") == graph for t in one_token), "a one-token step ran in the other arm"
@@ -252,3 +259,20 @@ def test_the_gemv_projections_compiled_equal_the_torch_arithmetic_in_bfloat16(ki
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref.float()).abs().max() <= 2 ** -5 * ref.float().abs().max()
     assert_within_one_rounding(out, exact(kind, x, w, norm, res))
+
+
+def test_the_gemv_attention_inputs_compiled_are_near_the_torch_arithmetic_in_bfloat16():
+    """engine/gemv.py's attention_inputs (norm, QKV, rotary, cache write) compiled for the GPU on
+    the 1B shape (hidden 2,048; 32 q and 8 kv heads of 64), at a position far from 0: q and the
+    written slot within a few of bfloat16's roundings of fused.attention_inputs' torch arithmetic,
+    and every other slot untouched."""
+    from engine.fused import attention_inputs
+    from engine.gemv import attention_inputs as gemv_attention_inputs
+    from helpers.fused_layer import layer_inputs
+    shape = dict(tokens=1, heads=32, kv_heads=8, head_dim=64, hidden=2048, slots=[1000], positions=[4097])
+    args, expected = (layer_inputs("cuda", 4096, torch.bfloat16, **shape) for _ in range(2))
+    before = args[-2].clone()
+    q, ref = gemv_attention_inputs(*args), attention_inputs(*expected)
+    for got, want in ((q, ref), (args[-2][:, 1000], expected[-2][:, 1000])):
+        assert (got.float() - want.float()).abs().max() <= 2 ** -6 * want.float().abs().max()
+    assert torch.equal(args[-2][:, :1000], before[:, :1000]) and torch.equal(args[-2][:, 1001:], before[:, 1001:])

@@ -7,6 +7,7 @@ target's hidden states, the async runner and the graph arm. tests/engine/test_cu
 compiled step on CUDA, inside the graphs."""
 import dataclasses
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -73,18 +74,21 @@ def test_gemv_projections_give_the_reference_tokens_and_emit_counts(make_llm):
     reference = run(make_llm(max_num_seqs=4, trace=True), batch)
     fused = make_llm(max_num_seqs=4, trace=True)
     fused.runner.forward = forward = FusedForward(fused.runner.model, eager_kernels(gemv=True))
-    rows, project = [], forward.kernels.project
-    forward.kernels = dataclasses.replace(forward.kernels, project=lambda x, *a, **kw: rows.append(x.shape[0])
-                                          or project(x, *a, **kw))
-    steps = []
-    attention_inputs = forward.kernels.attention_inputs
-    forward.kernels = dataclasses.replace(forward.kernels, attention_inputs=lambda x, *a: steps.append(x.shape[0])
-                                          or attention_inputs(x, *a))
+    rows, one_token = Counter(), forward.kernels.gemv
+
+    def counted(name, fn):
+        return lambda x, *a, **kw: rows.update({(name, x.shape[0]): 1}) or fn(x, *a, **kw)
+    forward.kernels = dataclasses.replace(forward.kernels, gemv=dataclasses.replace(
+        one_token, attention_inputs=counted("gemv attention_inputs", one_token.attention_inputs),
+        project=counted("gemv project", one_token.project)),
+        attention_inputs=counted("attention_inputs", forward.kernels.attention_inputs))
     got = run(fused, batch)
     assert got[0] == reference[0]
     assert first_difference(reference[1], got[1], "emit_count") is None
-    assert rows, "no one-token step took the GEMV path"
-    assert steps and min(steps) > 1, "a one-token step took the cuBLAS path"
+    assert rows["gemv attention_inputs", 1] > 0, "no one-token step took the GEMV path"
+    assert any(name == "attention_inputs" for name, _ in rows), "no several-token step took the cuBLAS path"
+    assert all(name.startswith("gemv") == (tokens == 1) for name, tokens in rows), f"a step took the other path: {rows}"
+    assert rows["gemv project", 1] == 3 * rows["gemv attention_inputs", 1], "a projection left the GEMV path"
     assert max(step.num_reqs for step in fused.trace) > 1, "no step held several requests"
 
 
@@ -128,13 +132,14 @@ def test_compile_true_compiles_each_pure_piece_of_the_step_and_nothing_else(make
 
 
 def test_the_kernels_take_the_gemv_only_when_asked():
-    """compiled_kernels and eager_kernels build engine/gemv.py's project only with gemv=True (the
+    """compiled_kernels and eager_kernels build engine/gemv.py's kernels only with gemv=True (the
     runner asks on CUDA alone): without it every step's projections stay on the torch path."""
     from engine.fused import compiled_kernels
-    from engine.gemv import project
+    from engine.gemv import ONE_TOKEN, attention_inputs, project
+    assert (ONE_TOKEN.attention_inputs, ONE_TOKEN.project) == (attention_inputs, project)
     for build in (compiled_kernels, eager_kernels):
-        assert build().project is None and build(gemv=False).project is None
-        assert build(gemv=True).project is project
+        assert build().gemv is None and build(gemv=False).gemv is None
+        assert build(gemv=True).gemv is ONE_TOKEN
 
 
 def test_packing_keeps_the_checkpoint(target_dir):

@@ -3,7 +3,8 @@ attention_inputs and mlp_block: rms_norm then the QKV or gate/up matmul, silu(ga
 down matmul, the residual adds), on the CPU under Triton's interpreter (the root conftest sets it):
 every prologue and epilogue, sizes that are not a multiple of the tiles, float32 and bfloat16,
 against torch's arithmetic and, within one rounding, against the kernel's own arithmetic done
-exactly (helpers/projections.py's exact).
+exactly (helpers/projections.py's exact); and attention_inputs, the norm, QKV, rotary and cache
+write of one token in one kernel, against engine/fused.py's.
 test_fused.py runs the projections inside a whole engine, and test_cuda_path.py compiled on a GPU."""
 import pytest
 import torch
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.gemv import project, tiles_for
+from engine.fused import attention_inputs as fused_attention_inputs
+from engine.gemv import Tiles, project, tiles_for
+from engine.gemv import attention_inputs as gemv_attention_inputs
 from engine.model import rms_norm
 from helpers.projections import KINDS, assert_within_one_rounding, exact, gemv, inputs, reference
 
@@ -82,3 +85,60 @@ def test_anything_but_one_contiguous_row_is_refused():
         project(x, w, norm=norm, silu_mul=True)
     with pytest.raises(ValueError, match="residual"):
         project(x[:, :16].contiguous(), w, residual=torch.cat([res, res]))
+
+
+def one_token_layer(dtype: torch.dtype, seed: int = 0, **shape) -> tuple[list, list]:
+    """attention_inputs' arguments for one token, twice (each call writes its own cache)."""
+    from helpers.fused_layer import layer_inputs
+    return (layer_inputs("cpu", 23, dtype, tokens=1, seed=seed, **shape),
+            layer_inputs("cpu", 23, dtype, tokens=1, seed=seed, **shape))
+
+
+@settings(max_examples=10, deadline=None)
+@given(kv_heads=st.integers(1, 3), group=st.integers(1, 3), half=st.integers(1, 9), hidden=st.integers(1, 70),
+       slot=st.integers(0, 22), position=st.integers(0, 5000), block_n=st.sampled_from([2, 4, 8]),
+       seed=st.integers(0, 1000))
+def test_attention_inputs_for_one_token_equal_the_fused_layers_in_float32(kv_heads, group, half, hidden, slot,
+                                                                           position, block_n, seed):
+    """The norm, QKV, rotary and cache write as one kernel: fused.attention_inputs' queries and
+    its whole cache after the write (the token's slot, and every other slot untouched), on GQA and
+    MHA, head sizes whose halves straddle a program's rows, and any slot and position."""
+    shape = dict(heads=kv_heads * group, kv_heads=kv_heads, head_dim=2 * half, hidden=hidden, slots=[slot],
+                 positions=[position])
+    args, expected = one_token_layer(torch.float32, seed, **shape)
+    q = gemv_attention_inputs(*args, tiles=Tiles(block_n=block_n, block_k=32, num_warps=4))
+    torch.testing.assert_close(q, fused_attention_inputs(*expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(args[-2], expected[-2], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_inputs_for_one_token_in_bfloat16_are_near_the_fused_layers():
+    """bfloat16, the 1B shape's heads (32 q, 8 kv, 64 wide) on a narrower row: within a few of
+    bfloat16's roundings of the largest value (the interpreter rounds float32 -> bfloat16 toward
+    zero, CUDA to nearest: test_cuda_path.py bounds it on a GPU), every other slot untouched."""
+    args, expected = one_token_layer(torch.bfloat16, heads=32, kv_heads=8, head_dim=64, hidden=96, slots=[11])
+    before = args[-2].clone()
+    q, ref = gemv_attention_inputs(*args), fused_attention_inputs(*expected)
+    assert q.dtype == torch.bfloat16 and q.shape == ref.shape == (1, 32, 64)
+    for got, want in ((q, ref), (args[-2][:, 11], expected[-2][:, 11])):
+        assert (got.float() - want.float()).abs().max() <= 2 ** -5 * want.float().abs().max()
+    others = [s for s in range(23) if s != 11]
+    assert torch.equal(args[-2][:, others], before[:, others]) and not torch.equal(args[-2][:, 11], before[:, 11])
+
+
+def test_attention_inputs_refuse_what_they_cannot_compute():
+    args, _ = one_token_layer(torch.float32)
+    x, norm, eps, qkv, cos, sin, heads, kv_heads, head_dim, cache, slot = args
+    with pytest.raises(ValueError, match="one contiguous row of 32"):
+        gemv_attention_inputs(torch.cat([x, x]), *args[1:])
+    with pytest.raises(ValueError, match="are not 4 \\+ 2 x 2 heads of an even 16"):
+        gemv_attention_inputs(x, norm, eps, qkv[:-1], *args[4:])
+    with pytest.raises(ValueError, match="are not 4 \\+ 2 x 2 heads of an even 15"):  # rotate_half needs pairs
+        gemv_attention_inputs(x, norm, eps, qkv[:120], cos, sin, heads, kv_heads, 15, cache, slot)
+    with pytest.raises(ValueError, match="are not 5 \\+ 2 x 2 heads"):
+        gemv_attention_inputs(x, norm, eps, qkv, cos, sin, 5, kv_heads, head_dim, cache, slot)
+    with pytest.raises(ValueError, match="cos and sin must be one token's 16 angles"):
+        gemv_attention_inputs(x, norm, eps, qkv, torch.cat([cos, cos]), torch.cat([sin, sin]), *args[6:])
+    for bad_cache, bad_slot in ((cache[:, :, :1], slot), (cache.double(), slot), (cache.transpose(0, 1), slot),
+                                (cache, torch.cat([slot, slot]))):
+        with pytest.raises(ValueError, match="the cache must be a contiguous \\[2, slots, 2, 16\\]"):
+            gemv_attention_inputs(x, norm, eps, qkv, cos, sin, heads, kv_heads, head_dim, bad_cache, bad_slot)

@@ -25,10 +25,10 @@ def checked_run(llm) -> no_sync.HostReads:
 def test_the_compiled_loop_is_checked_without_compiling_and_a_read_outside_is_caught(make_llm):
     import torch._dynamo.utils as dynamo_utils
     llm = make_llm(compile=True, spec="ngram", num_spec_tokens=4, async_runner=True, max_num_seqs=4)
-    # the fused forward's six compiled kernels (rotate_and_write among them; engine/gemv.py's project,
-    # CUDA's only, is a Triton launch, not a compiled piece), the combine, verify, the logits gather,
-    # the ngram proposer, the sdpa metadata: every compiled piece the runner holds, none left hooked
-    assert no_sync.run_compiled_unhooked(llm) == 11
+    # the fused forward's five compiled kernels (engine/gemv.py's, CUDA's only, are Triton launches,
+    # not compiled pieces), the combine, verify, the logits gather, the ngram proposer, the sdpa
+    # metadata: every compiled piece the runner holds, none left hooked
+    assert no_sync.run_compiled_unhooked(llm) == 10
     assert not [name for name, piece in vars(llm.runner).items() if no_sync.is_compiled(piece)]
     no_sync.compile_unchecked(llm)
     graphs = dynamo_utils.counters["stats"]["unique_graphs"]

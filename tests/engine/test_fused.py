@@ -73,7 +73,9 @@ def test_gemv_projections_give_the_reference_tokens_and_emit_counts(make_llm):
                      arrival_steps=(0, 1, 2))
     reference = run(make_llm(max_num_seqs=4, trace=True), batch)
     fused = make_llm(max_num_seqs=4, trace=True)
-    fused.runner.forward = forward = FusedForward(fused.runner.model, eager_kernels(gemv=True))
+    from helpers.projections import wide_one_token_kernels
+    forward = FusedForward(fused.runner.model, dataclasses.replace(eager_kernels(), gemv=wide_one_token_kernels()))
+    fused.runner.forward = forward
     rows, one_token = Counter(), forward.kernels.gemv
 
     def counted(name, fn):

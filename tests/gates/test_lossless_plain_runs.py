@@ -1,17 +1,20 @@
 """lossless's plain runs (gates/lossless.py plain_greedy), on the CPU: their staggered arrivals hold
 one-token steps, and count_gemv_calls counts each layer's call of engine/gemv.py's attention_inputs
 in a forward that has the GEMV path (CUDA's compiled forward; here the fused forward built with
-the GEMV kernels, under Triton's interpreter) and says None for a forward without one."""
+the GEMV kernels, under Triton's interpreter with wide tiles) and says None for a forward without one."""
+from dataclasses import replace
+
 from engine import SamplingParams
 from engine.fused import FusedForward, eager_kernels
 from gates.lossless import PLAIN_ARRIVALS, count_gemv_calls
 from gates.workloads import PROMPTS
+from helpers.projections import wide_one_token_kernels
 
 
 def test_the_gemv_calls_are_counted_per_layer_of_each_one_token_step(make_llm):
     llm = make_llm(trace=True)
     assert count_gemv_calls(llm) is None, "the reference forward has no GEMV path"
-    llm.runner.forward = FusedForward(llm.runner.model, eager_kernels(gemv=True))
+    llm.runner.forward = FusedForward(llm.runner.model, replace(eager_kernels(), gemv=wide_one_token_kernels()))
     calls = count_gemv_calls(llm)
     outputs = llm.generate(list(PROMPTS[:3]), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                            arrival_steps=PLAIN_ARRIVALS[:3])

@@ -1,12 +1,23 @@
 """engine/gemv.py's projections and the torch arithmetic each replaces, on one set of inputs."""
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
-from engine.gemv import Tiles, project
+from engine.gemv import OneTokenKernels, Tiles, attention_inputs, project
 from engine.model import rms_norm
 
 KINDS = ["plain", "norm", "residual", "silu * up, residual"]
 SMALL_TILES = Tiles(block_n=4, block_k=32, num_warps=4)  # small sizes still span several programs and chunks
+# Under Triton's interpreter a program costs about the same whatever its tile: 64 outputs a program
+# run a fixture layer about 15x faster than the engine's 4 (tiles_for, the GPU's choice, which
+# test_gemv.py checks on a layer's shapes and test_cuda_path.py runs compiled).
+WIDE_TILES = Tiles(block_n=64, block_k=256, num_warps=4)
+
+
+def wide_one_token_kernels() -> OneTokenKernels:
+    """engine/gemv.py's one-token kernels with WIDE_TILES, for whole engines under the interpreter."""
+    return OneTokenKernels(partial(attention_inputs, tiles=WIDE_TILES), partial(project, tiles=WIDE_TILES))
 
 
 def inputs(n: int, k: int, dtype: torch.dtype, seed: int):

@@ -138,7 +138,10 @@ def test_attention_inputs_refuse_what_they_cannot_compute():
         gemv_attention_inputs(x, norm, eps, qkv, cos, sin, 5, kv_heads, head_dim, cache, slot)
     with pytest.raises(ValueError, match="cos and sin must be one token's 16 angles"):
         gemv_attention_inputs(x, norm, eps, qkv, torch.cat([cos, cos]), torch.cat([sin, sin]), *args[6:])
+    with pytest.raises(ValueError, match="one contiguous row of 32 against a contiguous \\[128, 32\\]"):
+        gemv_attention_inputs(x, norm, eps, qkv.T.contiguous().T, *args[4:])  # the weight's shape, strided
+    strided = torch.zeros(2, 23, kv_heads, 2 * head_dim)[..., ::2]  # the cache's shape, every other element
     for bad_cache, bad_slot in ((cache[:, :, :1], slot), (cache.double(), slot), (cache.transpose(0, 1), slot),
-                                (cache, torch.cat([slot, slot]))):
+                                (strided, slot), (cache, torch.cat([slot, slot]))):
         with pytest.raises(ValueError, match="the cache must be a contiguous \\[2, slots, 2, 16\\]"):
             gemv_attention_inputs(x, norm, eps, qkv, cos, sin, heads, kv_heads, head_dim, bad_cache, bad_slot)

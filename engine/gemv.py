@@ -12,13 +12,16 @@ projection and what surrounds it:
     rotary epilogue:    q and k rotated, k and v written into the KV cache (attention_inputs:
                         fused.attention_inputs whole, the norm, QKV, rotary and cache write)
 
-One program computes BLOCK_N outputs: it streams its BLOCK_N weight rows in BLOCK_K chunks and
-multiplies each chunk by the matching slice of the row in float32 registers, summing over K only
-once at the end. No tl.dot: tl.dot stages its operands in shared memory and pads one row to 16,
-which made an earlier version (commit 29ab227) 2.9x slower than cuBLAS on an H100. Narrow tiles
-(4 outputs) and long chunks (1,024) keep enough programs in flight to read at cuBLAS's bandwidth
-without splitting K (docs/measurements.md, 2026-12-07). The norm's sum of squares is a first pass
-over the row in each program: the row is a few KB from L2, far cheaper than a kernel launch.
+One program computes BLOCK_N outputs: it streams its BLOCK_N weight rows in BLOCK_K chunks,
+multiplies each chunk by the matching slice of the row in float32 registers and sums the chunk
+into BLOCK_N running totals. No tl.dot: tl.dot stages its operands in shared memory and pads one
+row to 16, which made an earlier version (commit 29ab227) 2.9x slower than cuBLAS on an H100.
+Narrow tiles (2 or 4 outputs) keep enough programs in flight to read at cuBLAS's bandwidth without
+splitting K; summing each chunk at once, rather than keeping a [BLOCK_N, BLOCK_K] accumulator to
+the end, frees the registers that let longer chunks and more programs run at once (a step's 64
+kernels 979 -> 829 us on an H100, docs/measurements.md, 2026-12-07, fifth session). The norm's sum
+of squares is a first pass over the row in each program: the row is a few KB from L2, far cheaper
+than a kernel launch.
 
 The arithmetic is the torch version's: the norm in float32, rounded as rms_norm rounds; silu(gate)
 * up in float32, rounded once; one rounding after the residual add; QKV's output rounded, then
@@ -45,10 +48,12 @@ class Tiles:
 
 
 def tiles_for(n: int, k: int) -> Tiles:
-    """The tiles timed best on an H100 for the 1B shape's four matrices (docs/measurements.md):
-    four outputs a program, chunks of 1,024 columns, eight warps for the long K of down."""
-    block_k = min(1024, max(16, triton.next_power_of_2(k)))
-    return Tiles(block_n=4, block_k=block_k, num_warps=8 if k >= 8192 else 4)
+    """The tiles a sweep of 510 settings timed best on an H100 for the 1B shape's four matrices
+    (docs/measurements.md, 2026-12-07, fifth session): two outputs a program in chunks of 1,024
+    columns, four warps; for the long K of down, four outputs in chunks of 4,096 with eight warps."""
+    if k >= 8192:
+        return Tiles(block_n=4, block_k=4096, num_warps=8)
+    return Tiles(block_n=2, block_k=min(1024, max(16, triton.next_power_of_2(k))), num_warps=4)
 
 
 @triton.jit
@@ -64,7 +69,7 @@ def _dot(x_ptr, w_ptr, norm_ptr, rows, row_ok, K, eps, PROLOGUE: tl.constexpr, B
             xk = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
             squares += xk * xk
         inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, K, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
         k_ok = ks < K
@@ -76,8 +81,8 @@ def _dot(x_ptr, w_ptr, norm_ptr, rows, row_ok, K, eps, PROLOGUE: tl.constexpr, B
             up = tl.load(x_ptr + K + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = (x * tl.sigmoid(x) * up).to(dtype).to(tl.float32)
         w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, 1)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    return acc
 
 
 @triton.jit

@@ -54,16 +54,18 @@ def test_each_projection_is_within_one_rounding_in_float32(kind):
 
 def test_the_default_tiles_compute_every_projection_of_a_llama_layer():
     """tiles_for's choice (what the engine runs) on a layer of the 1B shape's proportions, scaled
-    down, K past one chunk for down."""
-    for kind, (n, k) in {"norm": (96, 64), "residual": (64, 64), "silu * up, residual": (64, 2304)}.items():
+    down, K past one chunk for down; then down's K of 8,192, whose tiles are its own."""
+    for kind, (n, k) in [("norm", (96, 64)), ("residual", (64, 64)), ("silu * up, residual", (64, 2304)),
+                         ("silu * up, residual", (8, 8192))]:
         x, w, norm, res = inputs(n, k, torch.float32, seed=n + k)
         torch.testing.assert_close(gemv(kind, x, w, norm, res, tiles_for(n, k)), reference(kind, x, w, norm, res),
                                    atol=1e-5, rtol=1e-5)
 
 
-def test_the_tiles_read_four_outputs_a_program_in_chunks_of_up_to_1024_columns():
-    assert tiles_for(3072, 2048).block_n == 4 and tiles_for(3072, 2048).block_k == 1024
-    assert tiles_for(2048, 8192).num_warps == 8 and tiles_for(2048, 2048).num_warps == 4
+def test_the_tiles_read_two_outputs_a_program_in_chunks_of_up_to_1024_columns_and_four_for_down():
+    assert tiles_for(3072, 2048) == Tiles(block_n=2, block_k=1024, num_warps=4)
+    assert tiles_for(2048, 8192) == Tiles(block_n=4, block_k=4096, num_warps=8)
+    assert tiles_for(2048, 8191).block_k == 1024
     assert tiles_for(64, 48).block_k == 64 and tiles_for(64, 8).block_k == 16  # tl.arange's floor of 16
 
 

@@ -229,6 +229,13 @@ DEFECTS = (
            "Results downloaded with a blocking copy: the host waits for every step before launching the "
            "next, so the async runner overlaps nothing (the runner's results download, ResultRing.download).",
            ("busy", "no-sync"), needs="cuda"),
+    Defect("one-token-steps-on-cublas",
+           "The compiled forward's one-token path switched off by an allow-list that spells the checkpoint's "
+           "activation another framework's way (\"swish\" for Hugging Face's \"silu\"): every one-token step "
+           "falls back to the cuBLAS matmuls and their neighbours' kernels. Tokens stay right, the c=1 step "
+           "is about 10% slower, and spec against plain no longer compares the GEMV path with cuBLAS; "
+           "lossless counts the GEMV calls of its plain runs (CUDA's compiled forward only).",
+           ("lossless",), needs="cuda", forward="compiled"),
     # ---- the host loop ---------------------------------------------------------------------------
     Defect("host-read-in-step-loop",
            "A blocking read in the host loop, outside the runner: right after launching a step the host "

@@ -17,6 +17,8 @@
 # in the default list; each fits one 10-minute call, e.g. `scripts/gpu-check.sh env bench1b`.
 # `matmul1b`: the 1B shape's weight matrices timed per variant, each call on a fresh copy (bench-model matmul;
 # MATMUL1B_ARGS adds options, e.g. --rows 1 --variants eager).
+# `tiles1b`: engine/gemv.py's one-token kernels, every tile setting timed on the 1B shape
+# (scripts/gemv_tile_sweep.py; tiles_for holds what it chose).
 # `paged1b`: the paged attention backend against sdpa on the 1B shape (tests, decode, kernels, 16k).
 # `depth1b`: the depth gate on CUDA (the 1B shape past 32,768 positions, gates/depth.py; a later
 # verdict stage reads its report) and ms per plain decode step at 4k and 16k tokens of context,
@@ -176,6 +178,12 @@ PY
         timed matmul1b "$PY" -m specgate_cli bench-model matmul --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
             ${MATMUL1B_ARGS:-} --json "$OUT/matmul1b.json"
         ;;
+    tiles1b)
+        # engine/gemv.py's one-token kernels on the 1B shape, every tile setting timed over 16 layers'
+        # weights a graph replay, then a step's 64 kernels with tiles_for's tiles against the best
+        # (scripts/gemv_tile_sweep.py, about 90 s on an H100).
+        timed tiles1b "$PY" scripts/gemv_tile_sweep.py --json "$OUT/tiles1b.json"
+        ;;
     depth1b)
         # The depth gate on CUDA (gates/depth.py's CUDA plan: the 1B shape with 40,960 positions,
         # written once to the bench-model cache, requests past 32,768 + 1,024), then ms per plain
@@ -237,7 +245,7 @@ PY
         timed startup1b "$PY" -m specgate_cli bench --measure-startup --model "$BENCH1B_DIR" --device "$BENCH_DEVICE" \
             --spec ngram --graph $STARTUP_ARGS --json "$OUT/startup1b.json"
         ;;
-    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b matmul1b paged1b gates1b depth1b startup)" >&2
+    *) echo "gpu-check: unknown stage '$stage' (stages: env gates verdict prove bench bench1b matmul1b tiles1b paged1b gates1b depth1b startup)" >&2
        exit 2 ;;
     esac
 done

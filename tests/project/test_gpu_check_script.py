@@ -105,6 +105,25 @@ def test_the_matmul1b_stage_times_each_weight_matrix_on_the_cpu_with_the_tiny_sh
     assert set(report["per_step_us"]) == {"1", "8"}
 
 
+def test_the_tiles1b_stage_says_it_needs_cuda_on_a_machine_without_one(tmp_path):
+    proc = run_stage(tmp_path, "tiles1b")
+    assert re.search(r"tiles1b +rc=1 .*needs a CUDA GPU", proc.stdout), proc.stdout
+
+
+def test_the_tile_sweep_times_the_tiles_the_engine_runs_among_settings_that_fit():
+    """scripts/gemv_tile_sweep.py's grid holds tiles_for's choice for each of the 1B shape's matrices (so
+    every sweep times the engine's tiles beside the rest), and only settings the kernels take."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gemv_tile_sweep as sweep
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    for name, (n, k) in sweep.MATRICES.items():
+        grid = sweep.settings(name)
+        assert sweep.engine_setting(name) in grid, name
+        assert all(bk <= k and n % bn == 0 and (name != "qkv" or bn % 2 == 0) for bn, bk, _, _ in grid), name
+
+
 @pytest.mark.slow
 def test_the_bench1b_stage_runs_end_to_end_on_the_cpu_with_the_tiny_shape(tmp_path):
     out = tmp_path / "out"

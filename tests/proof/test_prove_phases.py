@@ -105,7 +105,7 @@ def test_a_defect_names_a_forward_the_engine_has():
         Defect("fused-bug", "x", ("emit-count",), forward="fused")
 
 
-def test_a_compiled_forward_defect_patches_the_compiled_path_alone_and_names_emit_count():
+def test_compiled_forward_defects_patch_the_compiled_path_alone_and_a_cpu_one_names_emit_count():
     """Seeded defects live only where compile=True runs (engine/fused.py), on the CPU and on CUDA; a
     CPU one names emit-count, whose compiled case is what judges it on the CPU."""
     compiled = [d for d in DEFECTS if d.forward == "compiled"]

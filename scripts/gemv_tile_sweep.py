@@ -2,15 +2,18 @@
 
 Each of a layer's four kernels (attention_inputs; o_proj + residual; norm + gate/up; silu * up +
 down + residual) is timed over 16 distinct weights a CUDA-graph replay, as a step's 16 layers
-read them (past the L2), for every tile setting in TILE_GRID; the best four get num_stages 1, 2
-and 4 too, and the best eight are re-timed, interleaved, three times. Last, a whole step's 64
-kernels with the best tiles against tiles_for's, twice each. The compiles run first, in parallel
-processes that fill Triton's disk cache. tiles_for (engine/gemv.py) holds what this chose;
-docs/measurements.md (2026-12-07, fifth session) has the run.
+read them (past the L2), for every tile setting in TILE_GRID, through the engine's own `project`
+and `attention_inputs` (what FusedForward runs, with `tiles=`); the best eight are re-timed,
+interleaved, three times. Last, a whole step's 64 kernels with the best tiles against tiles_for's,
+twice each. The compiles run first, in parallel processes that fill Triton's disk cache.
+Triton's default num_stages throughout: in the first sweep, stages 1 to 4 moved the best
+settings by under 1%. tiles_for (engine/gemv.py) holds what this chose; docs/measurements.md (2026-12-07,
+fifth session) has the run.
 
     python scripts/gemv_tile_sweep.py [--json FILE]     # about 90 s on an H100
 """
 import argparse
+import dataclasses
 import itertools
 import json
 import multiprocessing
@@ -25,14 +28,12 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from engine.gemv import _attention_inputs, _gemv, tiles_for  # noqa: E402  (the repository root first)
+from engine.gemv import Tiles, attention_inputs, project, tiles_for  # noqa: E402  (the repository root first)
 
 LAYERS, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 16, 2048, 8192, 32, 8, 64
 MATRICES = {"qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN, HIDDEN),
             "gate_up": (2 * INTERMEDIATE, HIDDEN), "down": (HIDDEN, INTERMEDIATE)}
 TILE_GRID = dict(block_n=(1, 2, 4, 8, 16), block_k=(256, 512, 1024, 2048, 4096), num_warps=(1, 2, 4, 8, 16))
-DEFAULT_STAGES = 3
-Setting = tuple[int, int, int, int]  # block_n, block_k, num_warps, num_stages
 
 
 class Buffers:
@@ -47,44 +48,37 @@ class Buffers:
         self.weights = {name: [rnd(n, k) for _ in range(layers)] for name, (n, k) in MATRICES.items()}
         self.x, self.gate_up_row = rnd(1, HIDDEN, scale=1.0), rnd(1, 2 * INTERMEDIATE, scale=1.0)
         self.norm, self.residual = 1 + rnd(HIDDEN, scale=0.1), rnd(1, HIDDEN, scale=1.0)
-        self.out = {name: torch.empty(1, n, dtype=torch.bfloat16, device="cuda") for name, (n, _) in MATRICES.items()}
         angles = torch.rand(HEAD_DIM, device="cuda")
         self.cos, self.sin = angles.cos(), angles.sin()
-        self.q = torch.empty(1, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
         self.caches = [torch.zeros(2, 64, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
                        for _ in range(layers)]
         self.slot = torch.tensor([5], device="cuda")
 
 
-def launch(b: Buffers, name: str, layer: int, setting: Setting) -> None:
-    """engine/gemv.py's kernel for `name` on layer `layer`'s weight, as project / attention_inputs
-    launch it, with `setting`'s tiles and stages."""
-    block_n, block_k, num_warps, num_stages = setting
-    n, k = MATRICES[name]
+def launch(b: Buffers, name: str, layer: int, tiles: Tiles) -> None:
+    """The engine's kernel for `name` on layer `layer`'s weight, with `tiles`, its neighbours fused in
+    as FusedForward calls it."""
     weight = b.weights[name][layer]
-    options = dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     if name == "qkv":
-        cache = b.caches[layer]
-        _attention_inputs[(triton.cdiv(n, block_n),)](
-            b.x, weight, b.norm, b.cos, b.sin, b.q, cache, b.slot, k, 1e-5, HEADS, KV_HEADS, cache.stride(0),
-            cache.stride(1), HEAD_DIM=HEAD_DIM, **options)
-        return
-    prologue = {"o_proj": 0, "gate_up": 1, "down": 2}[name]  # engine/gemv.py's NO_PROLOGUE, NORM, SILU_MUL
-    _gemv[(triton.cdiv(n, block_n),)](
-        b.gate_up_row if name == "down" else b.x, weight, b.out[name], b.residual, b.norm, n, k, 1e-5,
-        PROLOGUE=prologue, RESIDUAL=name != "gate_up", **options)
+        attention_inputs(b.x, b.norm, 1e-5, weight, b.cos, b.sin, HEADS, KV_HEADS, HEAD_DIM, b.caches[layer],
+                         b.slot, tiles=tiles)
+    elif name == "o_proj":
+        project(b.x, weight, residual=b.residual, tiles=tiles)
+    elif name == "gate_up":
+        project(b.x, weight, norm=b.norm, eps=1e-5, tiles=tiles)
+    else:
+        project(b.gate_up_row, weight, silu_mul=True, residual=b.residual, tiles=tiles)
 
 
-def settings(name: str) -> list[Setting]:
+def settings(name: str) -> list[Tiles]:
     """TILE_GRID's settings that fit: a chunk no longer than K, whole output tiles (attention_inputs:
     pairs, so at least 2), and between 8 and 128 weight values a thread."""
     n, k = MATRICES[name]
-    grid = itertools.product(*TILE_GRID.values())
-    return [(bn, bk, w, DEFAULT_STAGES) for bn, bk, w in grid
+    return [Tiles(bn, bk, w) for bn, bk, w in itertools.product(*TILE_GRID.values())
             if bk <= k and n % bn == 0 and not (name == "qkv" and bn < 2) and 256 * w <= bn * bk <= 4096 * w]
 
 
-def compile_settings(jobs: list[tuple[str, Setting]]) -> int:
+def compile_settings(jobs: list[tuple[str, Tiles]]) -> int:
     """Launch each (matrix, setting) once: Triton compiles it into its disk cache. The failures."""
     b, failed = Buffers(1), 0
     for name, setting in jobs:
@@ -96,7 +90,7 @@ def compile_settings(jobs: list[tuple[str, Setting]]) -> int:
     return failed
 
 
-def compile_in_parallel(jobs: list[tuple[str, Setting]], processes: int = 14) -> None:
+def compile_in_parallel(jobs: list[tuple[str, Tiles]], processes: int = 14) -> None:
     t0 = time.time()
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         failed = sum(pool.map(compile_settings, [jobs[i::processes] for i in range(processes)]))
@@ -127,16 +121,15 @@ def graph_us(fn: Callable[[], object], replays: int = 20) -> float:
     return statistics.median(times)
 
 
-def per_layer_us(b: Buffers, name: str, setting: Setting) -> float:
-    return graph_us(lambda: [launch(b, name, layer, setting) for layer in range(LAYERS)]) / LAYERS
+def per_layer_us(b: Buffers, name: str, tiles: Tiles) -> float:
+    return graph_us(lambda: [launch(b, name, layer, tiles) for layer in range(LAYERS)]) / LAYERS
 
 
-def engine_setting(name: str) -> Setting:
-    t = tiles_for(*MATRICES[name])
-    return (t.block_n, t.block_k, t.num_warps, DEFAULT_STAGES)
+def engine_setting(name: str) -> Tiles:
+    return tiles_for(*MATRICES[name])
 
 
-def timed(b: Buffers, name: str, candidates: list[Setting]) -> list[tuple[float, Setting]]:
+def timed(b: Buffers, name: str, candidates: list[Tiles]) -> list[tuple[float, Tiles]]:
     rows = []
     for setting in candidates:
         try:
@@ -152,20 +145,16 @@ def sweep_matrix(b: Buffers, name: str) -> dict:
     cublas = graph_us(lambda: [F.linear(b.x if k == HIDDEN else b.gate_up_row[:, :k], w)
                                for w in b.weights[name]]) / LAYERS
     rows = timed(b, name, settings(name))
-    staged = [(bn, bk, w, s) for (_, (bn, bk, w, _)) in rows[:4] for s in (1, 2, 4)]
-    compile_in_parallel([(name, s) for s in staged], processes=12)
-    rows = sorted(rows + timed(b, name, staged))
     finalists = list(dict.fromkeys([s for _, s in rows[:8]] + [engine_setting(name)]))
-    again: dict[Setting, list[float]] = {s: [] for s in finalists}
+    again: dict[Tiles, list[float]] = {s: [] for s in finalists}
     for _ in range(3):  # interleaved, so a drift in the clock touches every finalist alike
         for s in finalists:
             again[s].append(per_layer_us(b, name, s))
     final = sorted((statistics.median(v), s) for s, v in again.items())
     engine = statistics.median(again[engine_setting(name)])
 
-    def entry(us: float, s: Setting) -> dict:
-        return {"setting": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), s)), "us": round(us, 2),
-                "GB_per_s": round(megabytes * 1e3 / us)}
+    def entry(us: float, t: Tiles) -> dict:
+        return {"tiles": dataclasses.asdict(t), "us": round(us, 2), "GB_per_s": round(megabytes * 1e3 / us)}
 
     print(f"{name} [{n} x {k}]: cuBLAS {cublas:.2f} µs; tiles_for {engine_setting(name)} {engine:.2f} µs "
           f"({megabytes * 1e3 / engine:.0f} GB/s); best {final[0][1]} {final[0][0]:.2f} µs "
@@ -186,7 +175,7 @@ def main() -> None:
     b = Buffers(LAYERS)
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "matrices": {name: sweep_matrix(b, name) for name in MATRICES}}
-    best = {name: tuple(report["matrices"][name]["best"][0]["setting"].values()) for name in MATRICES}
+    best = {name: Tiles(**report["matrices"][name]["best"][0]["tiles"]) for name in MATRICES}
     gigabytes = sum(n * k * 2 for n, k in MATRICES.values()) * LAYERS / 1e9
     report["step_us"] = {"tiles_for": [], "best": []}
     for label, pick in [("tiles_for", engine_setting), ("best", best.get)] * 2:

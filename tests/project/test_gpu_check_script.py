@@ -121,7 +121,7 @@ def test_the_tile_sweep_times_the_tiles_the_engine_runs_among_settings_that_fit(
     for name, (n, k) in sweep.MATRICES.items():
         grid = sweep.settings(name)
         assert sweep.engine_setting(name) in grid, name
-        assert all(bk <= k and n % bn == 0 and (name != "qkv" or bn % 2 == 0) for bn, bk, _, _ in grid), name
+        assert all(t.block_k <= k and n % t.block_n == 0 and (name != "qkv" or t.block_n % 2 == 0) for t in grid), name
 
 
 @pytest.mark.slow

@@ -10,9 +10,11 @@ received, which must be its committed output so far (gates/invariants.py history
 processors that read the whole history (a repetition penalty, a no-repeat n-gram ban, a bias keyed
 by the history's length; gates/processors.py) run beside drafting requests that stop mid-verify,
 under preemption: spec equals plain equals the reference.
-The plain runs arrive staggered, so the last request decodes alone: on CUDA's compiled forward a
-one-token step runs engine/gemv.py's kernels, every other step cuBLAS, and the gate asserts the
-GEMV path ran there (spec runs, all verify steps of k + 1 tokens, are compared with it).
+On CUDA's compiled forward a one-token step runs engine/gemv.py's kernels and a longer one
+cuBLAS, a choice no token shows: the plain runs arrive staggered, so the last request decodes
+alone on the GEMV (spec runs, whose verify steps hold k + 1 tokens, are compared with them), and a
+routing workload whose steps hold every size from one token to eight and longer ones, plain and
+verifying, must call the GEMV at exactly its one-token steps, call for call (gates/gemv_steps.py).
 Sampling: verify alone emits the target distribution at every position (chi-square per position),
 and whole sampled engine runs emit it too (randomized PIT of the tokens, and for the one-hot ngram
 drafter of its accept decisions, see gates/distribution.py), while the
@@ -30,7 +32,7 @@ verify's p equals the block drafter's q of the same row and parameters (gates/pq
 Over 300 lines because it is one gate: its greedy, distribution, bfloat16 and engine-seed checks
 report one set of claims and share its fixtures and workloads.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -51,6 +53,7 @@ from gates.draft_q import (
     telling_verify_row,
     tied_verify_row,
 )
+from gates.gemv_steps import GEMV_STEP_TOKENS, ROUTING_LEGS, ROUTING_WORKLOAD, StepKernels, count_gemv_calls
 from gates.invariants import history_difference
 from gates.plugin import SESSION_PLUGIN
 from gates.pq_rule import (
@@ -115,11 +118,11 @@ UNSEEDED = Workload.uniform(PROMPTS[:4], 12, 1.0)
 class PlainGreedy:
     tokens: dict[tuple[str, bool], list[int]]  # keyed (prompt, has processor)
     one_token_steps: int     # steps whose forward ran a single token: the last request decoding alone
-    gemv_calls: int | None   # calls of engine/gemv.py's attention_inputs; None: the forward has no GEMV path
 
 
 # Staggered, so the last request decodes alone at the end: a one-token step, which the compiled
-# forward on CUDA runs through engine/gemv.py's kernels (and several-token steps through cuBLAS).
+# forward on CUDA runs through engine/gemv.py's kernels (and several-token steps through cuBLAS;
+# test_every_step_within_the_gemv_limit_takes_the_gemv checks that routing, size by size).
 PLAIN_ARRIVALS = [2 * i for i in range(len(PROMPTS))]
 
 
@@ -129,7 +132,6 @@ def plain_greedy(make_llm, forward) -> PlainGreedy:
     max_tokens gives a prefix of it. Once per forward: spec runs are compared with plain runs of
     their own forward, whose steps of one token and of several take different kernels."""
     llm = make_llm(async_runner=False, trace=True)
-    gemv_calls = count_gemv_calls(llm)
     out = {}
     for processed in (False, True):
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
@@ -137,20 +139,7 @@ def plain_greedy(make_llm, forward) -> PlainGreedy:
         outputs = llm.generate(list(PROMPTS), params, arrival_steps=PLAIN_ARRIVALS)
         out |= {(p, processed): o.token_ids for p, o in zip(PROMPTS, outputs)}
     one_token = sum(sum(len(r.input_ids) for r in s.requests) + s.num_padding_rows == 1 for s in llm.trace)
-    return PlainGreedy(out, one_token, None if gemv_calls is None else len(gemv_calls))
-
-
-def count_gemv_calls(llm) -> list | None:
-    """A list that grows by one at each call of engine/gemv.py's attention_inputs (once a layer of a
-    one-token step, or of its graph's capture) in llm's forward; None if the forward has no GEMV path."""
-    forward = llm.runner.forward
-    one_token = getattr(getattr(forward, "kernels", None), "gemv", None)
-    if one_token is None:
-        return None
-    calls = []
-    counted = lambda *args, **kwargs: calls.append(1) or one_token.attention_inputs(*args, **kwargs)  # noqa: E731
-    forward.kernels = replace(forward.kernels, gemv=replace(one_token, attention_inputs=counted))
-    return calls
+    return PlainGreedy(out, one_token)
 
 
 def check_greedy(make_llm, gate_record, plain_greedy, reference, workload, **engine):
@@ -183,15 +172,39 @@ def check_histories(gate_record, r) -> None:
                          any(len(calls) > 1 for calls in r.histories.values()))
 
 
-def test_plain_runs_hold_one_token_steps_on_the_gemv_path(gate_record, plain_greedy):
-    """The plain runs every spec run is compared with hold one-token steps, and on CUDA's compiled
-    forward those ran engine/gemv.py's kernels: spec (verify steps of k + 1 tokens, on cuBLAS)
-    against plain then compares the two kernel paths."""
+def test_plain_runs_hold_one_token_steps(gate_record, plain_greedy):
+    """The plain runs every spec run is compared with hold one-token steps (the last request
+    decoding alone), which CUDA's compiled forward runs on engine/gemv.py's kernels at one row:
+    spec against plain then compares them with the verify steps' kernels."""
     gate_record.case(plain_runs="every prompt, staggered, without and with the logits processor")
-    gate_record.measure(one_token_steps=plain_greedy.one_token_steps, gemv_calls=plain_greedy.gemv_calls)
+    gate_record.measure(one_token_steps=plain_greedy.one_token_steps)
     assert plain_greedy.one_token_steps > 0, "the plain runs had no one-token step"
-    if plain_greedy.gemv_calls is not None:
-        assert plain_greedy.gemv_calls > 0, "the plain runs' one-token steps did not take engine/gemv.py's kernels"
+
+
+@pytest.mark.parametrize("leg", ROUTING_LEGS)
+def test_every_step_within_the_gemv_limit_takes_the_gemv(make_llm, gate_record, reference, leg):
+    """ROUTING_WORKLOAD's steps (gates/gemv_steps.py) hold every size from one token to eight and
+    longer ones, plain and with verify steps of four tokens a request; on CUDA's compiled forward
+    each step of up to GEMV_STEP_TOKENS tokens (one) calls engine/gemv.py's kernels once a layer at
+    its own rows and no longer step does, call for call: a routing that sends one-token steps to
+    cuBLAS, or longer ones to the GEMV, is red, though it leaves every token right. Its tokens and
+    finishes equal the naive reference decoder's."""
+    counted = []
+    r = run(make_llm, ROUTING_WORKLOAD, observe=lambda llm: counted.append((count_gemv_calls(llm), llm)),
+            async_runner=False, graph=False, **ROUTING_LEGS[leg].engine)
+    rows, llm = counted[0]
+    steps = StepKernels.of(r.trace, rows, len(llm.model.model.layers))
+    gate_record.case(leg=leg, num_reqs=ROUTING_WORKLOAD.num_reqs, gemv_path=rows is not None)
+    gate_record.measure(leg=leg, **steps.measures())
+    gate_record.check(reference_difference(reference, r, r.max_model_len)[0],
+                      f"{r.label()}: the routing workload vs the naive reference decoder")
+    missing = sorted(ROUTING_LEGS[leg].sizes - set(steps.step_sizes))
+    assert not missing and max(steps.step_sizes) > GEMV_STEP_TOKENS, \
+        f"the routing workload held no step of {missing or f'over {GEMV_STEP_TOKENS}'} tokens " \
+        f"({steps.measures()['step_sizes']})"
+    assert not steps.routing_difference(), (f"steps of up to {GEMV_STEP_TOKENS} tokens off engine/gemv.py's kernels, "
+                                            "or longer ones on them: {size: (calls expected, made)} "
+                                            f"{steps.routing_difference()}")
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

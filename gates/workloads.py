@@ -7,6 +7,7 @@ Hypothesis examples per test come from the loaded profile: the bounded `ci` coun
 for, or the `deep` profile's count under HYPOTHESIS_PROFILE=deep (`specgate gates run --deep`).
 """
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hypothesis import Phase, settings
@@ -205,14 +206,18 @@ class Run:
         return " ".join(f"{k}={self.engine[k]}" for k in keys if k in self.engine)
 
 
-def run(make_llm, workload: Workload, sampling: list | None = None, **engine) -> Run:
+def run(make_llm, workload: Workload, sampling: list | None = None, observe: Callable | None = None,
+        **engine) -> Run:
     """`sampling`: the requests' SamplingParams (default: params(workload)). Every request with
-    logits processors also gets a HistoryRecorder, after them; the Run keeps its calls."""
+    logits processors also gets a HistoryRecorder, after them; the Run keeps its calls. `observe`
+    is called with the LLM before it generates (to install a recorder)."""
     sampling = sampling or params(workload)
     recorders = [HistoryRecorder() if p.logits_processors else None for p in sampling]
     given = [replace(p, logits_processors=[*p.logits_processors, rec]) if rec else p
              for p, rec in zip(sampling, recorders)]
     llm = make_llm(trace=True, **engine)
+    if observe is not None:
+        observe(llm)
     outputs = llm.generate(workload.prompt_list(), given, arrival_steps=workload.arrivals())
     return Run(workload, engine, llm.is_async, outputs, llm.trace, {s.route for s in llm.trace},
                llm.config.max_model_len, sampling,

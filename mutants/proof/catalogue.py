@@ -234,7 +234,8 @@ DEFECTS = (
            "activation another framework's way (\"swish\" for Hugging Face's \"silu\"): every one-token step "
            "falls back to the cuBLAS matmuls and their neighbours' kernels. Tokens stay right, the c=1 step "
            "is about 10% slower, and spec against plain no longer compares the GEMV path with cuBLAS; "
-           "lossless counts the GEMV calls of its plain runs (CUDA's compiled forward only).",
+           "lossless counts the GEMV calls of its routing workload, step size by step size (CUDA's compiled "
+           "forward only).",
            ("lossless",), needs="cuda", forward="compiled"),
     # ---- the host loop ---------------------------------------------------------------------------
     Defect("host-read-in-step-loop",

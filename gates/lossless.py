@@ -55,7 +55,7 @@ from gates.draft_q import (
 )
 from gates.gemv_steps import GEMV_STEP_TOKENS, ROUTING_LEGS, ROUTING_WORKLOAD, StepKernels, count_gemv_calls
 from gates.invariants import history_difference
-from gates.plugin import SESSION_PLUGIN
+from gates.plugin import COMPILED, SESSION_PLUGIN
 from gates.pq_rule import (
     StepRecorder,
     one_rule_difference,
@@ -182,17 +182,21 @@ def test_plain_runs_hold_one_token_steps(gate_record, plain_greedy):
 
 
 @pytest.mark.parametrize("leg", ROUTING_LEGS)
-def test_every_step_within_the_gemv_limit_takes_the_gemv(make_llm, gate_record, reference, leg):
+def test_every_step_within_the_gemv_limit_takes_the_gemv(make_llm, gate_record, reference, forward, gate_device,
+                                                         leg):
     """ROUTING_WORKLOAD's steps (gates/gemv_steps.py) hold every size from one token to eight and
     longer ones, plain and with verify steps of four tokens a request; on CUDA's compiled forward
     each step of up to GEMV_STEP_TOKENS tokens (one) calls engine/gemv.py's kernels once a layer at
     its own rows and no longer step does, call for call: a routing that sends one-token steps to
-    cuBLAS, or longer ones to the GEMV, is red, though it leaves every token right. Its tokens and
-    finishes equal the naive reference decoder's."""
+    cuBLAS, or longer ones to the GEMV, is red, though it leaves every token right, and so is a
+    compiled forward on CUDA without the path. Its tokens and finishes equal the naive reference
+    decoder's."""
     counted = []
     r = run(make_llm, ROUTING_WORKLOAD, observe=lambda llm: counted.append((count_gemv_calls(llm), llm)),
             async_runner=False, graph=False, **ROUTING_LEGS[leg].engine)
     rows, llm = counted[0]
+    if forward == COMPILED and gate_device.startswith("cuda"):
+        assert rows is not None, "CUDA's compiled forward has no GEMV path: nothing routes one-token steps to it"
     steps = StepKernels.of(r.trace, rows, len(llm.model.model.layers))
     gate_record.case(leg=leg, num_reqs=ROUTING_WORKLOAD.num_reqs, gemv_path=rows is not None)
     gate_record.measure(leg=leg, **steps.measures())

@@ -46,7 +46,7 @@ ROUTING_LEGS = {
 @dataclass(frozen=True)
 class StepKernels:
     """A traced run's forward steps, and the rows of its GEMV calls."""
-    step_sizes: tuple[int, ...]        # tokens each step ran, padding rows included
+    step_sizes: tuple[int, ...]        # tokens each step ran
     gemv_rows: tuple[int, ...] | None  # rows of each call of attention_inputs; None: no GEMV path
     num_layers: int
 
@@ -54,7 +54,7 @@ class StepKernels:
     def of(cls, trace: list, gemv_rows: list[int] | None, num_layers: int) -> "StepKernels":
         if any(not s.route.endswith("/eager") for s in trace):
             raise ValueError("StepKernels counts eager steps only: a graph replay calls no Python")
-        sizes = tuple(sum(len(r.input_ids) for r in s.requests) + s.num_padding_rows for s in trace)
+        sizes = tuple(sum(len(r.input_ids) for r in s.requests) for s in trace)  # eager: no padding rows
         return cls(sizes, None if gemv_rows is None else tuple(gemv_rows), num_layers)
 
     def routing_difference(self) -> dict[int, tuple[int, int]]:

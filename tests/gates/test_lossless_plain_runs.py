@@ -8,6 +8,7 @@ between. That the gate's own workload holds every size is the gate's assertion, 
 from dataclasses import replace
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,6 +37,17 @@ def gemv_steps(make_llm, act: str | None = None, **engine) -> StepKernels:
 
 def test_the_reference_forward_has_no_gemv_calls_to_count(make_llm):
     assert count_gemv_calls(make_llm()) is None
+
+
+def test_each_call_is_counted_at_its_rows(make_llm):
+    """count_gemv_calls records the rows of the x each call receives (the one-row kernels never get
+    more than one, so a forward with stand-in kernels gives it three)."""
+    llm = make_llm()
+    stand_in = replace(wide_one_token_kernels(), attention_inputs=lambda x, *args, **kwargs: x)
+    llm.runner.forward = FusedForward(llm.runner.model, replace(eager_kernels(), gemv=stand_in))
+    calls = count_gemv_calls(llm)
+    x = torch.zeros(3, 4)
+    assert llm.runner.forward.kernels.gemv.attention_inputs(x, "norm", 1e-5) is x and calls == [3]
 
 
 def test_graph_steps_are_refused_their_calls_uncounted(make_llm):

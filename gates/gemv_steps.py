@@ -43,6 +43,11 @@ ROUTING_LEGS = {
 }
 
 
+def step_tokens(step) -> int:
+    """The tokens a traced step's forward ran: its requests' input ids and its padding rows' one each."""
+    return sum(len(r.input_ids) for r in step.requests) + step.num_padding_rows
+
+
 @dataclass(frozen=True)
 class StepKernels:
     """A traced run's forward steps, and the rows of its GEMV calls."""
@@ -54,8 +59,7 @@ class StepKernels:
     def of(cls, trace: list, gemv_rows: list[int] | None, num_layers: int) -> "StepKernels":
         if any(not s.route.endswith("/eager") for s in trace):
             raise ValueError("StepKernels counts eager steps only: a graph replay calls no Python")
-        sizes = tuple(sum(len(r.input_ids) for r in s.requests) for s in trace)  # eager: no padding rows
-        return cls(sizes, None if gemv_rows is None else tuple(gemv_rows), num_layers)
+        return cls(tuple(step_tokens(s) for s in trace), None if gemv_rows is None else tuple(gemv_rows), num_layers)
 
     def routing_difference(self) -> dict[int, tuple[int, int]]:
         """{step size: (GEMV calls expected, calls made)} wherever they differ: every step of up to

@@ -53,7 +53,14 @@ from gates.draft_q import (
     telling_verify_row,
     tied_verify_row,
 )
-from gates.gemv_steps import GEMV_STEP_TOKENS, ROUTING_LEGS, ROUTING_WORKLOAD, StepKernels, count_gemv_calls
+from gates.gemv_steps import (
+    GEMV_STEP_TOKENS,
+    ROUTING_LEGS,
+    ROUTING_WORKLOAD,
+    StepKernels,
+    count_gemv_calls,
+    step_tokens,
+)
 from gates.invariants import history_difference
 from gates.plugin import COMPILED, SESSION_PLUGIN
 from gates.pq_rule import (
@@ -138,7 +145,7 @@ def plain_greedy(make_llm, forward) -> PlainGreedy:
                                 logits_processors=[no_immediate_repeat] if processed else [])
         outputs = llm.generate(list(PROMPTS), params, arrival_steps=PLAIN_ARRIVALS)
         out |= {(p, processed): o.token_ids for p, o in zip(PROMPTS, outputs)}
-    one_token = sum(sum(len(r.input_ids) for r in s.requests) + s.num_padding_rows == 1 for s in llm.trace)
+    one_token = sum(step_tokens(s) == 1 for s in llm.trace)
     return PlainGreedy(out, one_token)
 
 
